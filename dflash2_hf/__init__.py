@@ -1,0 +1,29 @@
+"""dflash2-hf: DFlash 2 block-drafting speculative decoding for Hugging Face transformers.
+
+Importing the package registers the drafter with the transformers Auto classes, so ``AutoConfig`` and ``AutoModel``
+load saved drafter folders without ``trust_remote_code``.
+"""
+
+from transformers import AutoConfig, AutoModel
+
+from .modeling import (
+    CandidateSelector,
+    DFlash2DraftModel,
+    DFlashConfig,
+    DFlashDraftModel,
+    DrafterLoadError,
+)
+
+AutoConfig.register(DFlashConfig.model_type, DFlashConfig, exist_ok=True)
+AutoModel.register(DFlashConfig, DFlashDraftModel, exist_ok=True)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CandidateSelector",
+    "DFlash2DraftModel",
+    "DFlashConfig",
+    "DFlashDraftModel",
+    "DrafterLoadError",
+    "__version__",
+]

@@ -1,0 +1,400 @@
+"""DFlash / DFlash 2 block drafters as transformers ``PreTrainedModel`` classes.
+
+A drafter predicts a whole block of tokens in one forward pass. Its inputs are
+
+* the target's hidden states at ``config.target_layer_ids`` for every verified token not yet seen by the drafter
+  (the *context*), fused by ``fc`` + ``hidden_norm`` and injected as extra keys/values into every drafter layer, and
+* the *block*: the target's input embeddings of ``[anchor, mask, ..., mask]`` (anchor = last verified token).
+
+Block queries attend to all context and bidirectionally to each other. The drafter has no embedding or LM head of
+its own: callers read logits out with the target's LM head through :meth:`DFlashDraftModel.compute_logits`.
+
+DFlash 2 adds a two-tap grouped dynamic convolution around attention and MLP in each layer, and a candidate selector
+head that scores every pair of top-K candidates at adjacent block positions (:class:`CandidateSelector`).
+
+This file only imports torch, transformers and its sibling config module so it can ship as Hub remote code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.cache_utils import Cache
+from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.qwen3.modeling_qwen3 import (
+    Qwen3MLP,
+    Qwen3RMSNorm,
+    Qwen3RotaryEmbedding,
+    eager_attention_forward,
+    rotate_half,
+)
+
+from .configuration_dflash import DFlashConfig
+
+#: Checkpoint names of transformers' ``MuseGlimmerAssistantModel`` layout -> names used here.
+ASSISTANT_KEY_MAPPING = {r"^encoder\.fc\.": "fc.", r"^encoder\.output_norm_enc\.": "hidden_norm."}
+
+
+class DrafterLoadError(ValueError):
+    """A checkpoint does not match the drafter its config describes (missing, unexpected or mis-shaped tensors)."""
+
+
+def apply_rotary_to_block(
+    query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate keys at every context + block position and queries at the trailing block positions only."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    q_len = query.shape[-2]
+    query = query * cos[..., -q_len:, :] + rotate_half(query) * sin[..., -q_len:, :]
+    key = key * cos + rotate_half(key) * sin
+    return query, key
+
+
+def block_attention_mask(
+    query_positions: torch.Tensor, key_positions: torch.Tensor, *, causal: bool, sliding_window: int | None
+) -> torch.Tensor:
+    """Boolean ``[batch, 1, queries, keys]`` mask: True where a block query may attend to a key.
+
+    Keys at earlier positions (the context) are always visible, keys inside the block are visible in both directions
+    unless ``causal``; a sliding window keeps keys closer than ``sliding_window`` positions.
+    """
+    distance = query_positions[:, :, None] - key_positions[:, None, :]
+    visible = distance >= 0 if causal else torch.ones_like(distance, dtype=torch.bool)
+    if sliding_window is not None:
+        visible = visible & (distance.abs() < sliding_window)
+    return visible[:, None]
+
+
+class DFlashAttention(nn.Module):
+    """Multi-head attention whose keys/values cover the fused target context followed by the block."""
+
+    def __init__(self, config: DFlashConfig, layer_idx: int):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.head_dim = config.head_dim
+        self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
+        self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_dropout
+        self.is_causal = bool(config.is_causal)
+        is_sliding = config.layer_types[layer_idx] == "sliding_attention"
+        self.sliding_window = config.sliding_window if is_sliding else None
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.q_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        context: torch.Tensor | None,
+        position_ids: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        batch, q_len = hidden_states.shape[:2]
+        kv_input = hidden_states if context is None else torch.cat([context, hidden_states], dim=1)
+        query = self.q_norm(self.q_proj(hidden_states).view(batch, q_len, -1, self.head_dim)).transpose(1, 2)
+        key = self.k_norm(self.k_proj(kv_input).view(batch, kv_input.shape[1], -1, self.head_dim)).transpose(1, 2)
+        value = self.v_proj(kv_input).view(batch, kv_input.shape[1], -1, self.head_dim).transpose(1, 2)
+        query, key = apply_rotary_to_block(query, key, *position_embeddings)
+        if cache is not None:
+            key, value = cache.update(key, value, self.layer_idx)
+        if attention_mask is None and (self.is_causal or self.sliding_window is not None):
+            # Cached keys are contiguous and end at the last new position.
+            key_positions = position_ids[:, -1:] - key.shape[-2] + 1 + torch.arange(key.shape[-2], device=key.device)
+            attention_mask = block_attention_mask(
+                position_ids[:, -q_len:], key_positions, causal=self.is_causal, sliding_window=self.sliding_window
+            )
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        output, _ = attention(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.attention_dropout if self.training else 0.0,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        return self.o_proj(output.reshape(batch, q_len, -1))
+
+
+class GroupedDynamicConv(nn.Module):
+    """DFlash 2's two-stage grouped dynamic causal convolution along the block.
+
+    ``prepare`` convolves the normalised layer input with ``base_kernel[0]`` plus a per-token kernel projected from
+    that input, and returns the second-stage kernel; ``finish`` convolves the sublayer's output with
+    ``base_kernel[1]`` plus that second-stage kernel. Each of the ``kernel_size`` taps mixes position ``t - tap``
+    into ``t`` with one static weight per channel and one dynamic weight per channel group.
+    """
+
+    def __init__(self, hidden_size: int, kernel_size: int, group_size: int):
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.group_size = group_size
+        self.groups = hidden_size // group_size
+        self.base_kernel = nn.Parameter(torch.empty(2, kernel_size, hidden_size))
+        self.kernel_projection = nn.Linear(hidden_size, 2 * kernel_size * self.groups, bias=False)
+
+    def _convolve(self, hidden: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+        batch, length, hidden_size = hidden.shape
+        taps = torch.stack(
+            [F.pad(hidden[:, : length - tap], (0, 0, tap, 0)) for tap in range(self.kernel_size)], dim=2
+        ).view(batch, length, self.kernel_size, self.groups, self.group_size)
+        weight = base.view(1, 1, self.kernel_size, self.groups, self.group_size).to(hidden.dtype) + dynamic[..., None]
+        return (weight * taps).sum(dim=2).view(batch, length, hidden_size)
+
+    def prepare(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dynamic = self.kernel_projection(hidden).view(*hidden.shape[:-1], 2, self.kernel_size, self.groups)
+        return self._convolve(hidden, dynamic[..., 0, :, :], self.base_kernel[0]), dynamic[..., 1, :, :]
+
+    def finish(self, hidden: torch.Tensor, dynamic: torch.Tensor) -> torch.Tensor:
+        return self._convolve(hidden, dynamic, self.base_kernel[1])
+
+
+class DFlashDecoderLayer(nn.Module):
+    """Pre-norm attention + MLP block; DFlash 2 wraps each sublayer in a :class:`GroupedDynamicConv`."""
+
+    def __init__(self, config: DFlashConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = DFlashAttention(config, layer_idx)
+        self.mlp = Qwen3MLP(config)
+        self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        if config.conv_kernel_size is not None:
+            self.attention_conv = GroupedDynamicConv(config.hidden_size, config.conv_kernel_size, config.conv_group_size)
+            self.mlp_conv = GroupedDynamicConv(config.hidden_size, config.conv_kernel_size, config.conv_group_size)
+        else:
+            self.attention_conv = self.mlp_conv = None
+
+    @staticmethod
+    def _sublayer(conv: GroupedDynamicConv | None, sublayer, hidden: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        if conv is None:
+            return sublayer(hidden, **kwargs)
+        hidden, second_stage = conv.prepare(hidden)
+        return conv.finish(sublayer(hidden, **kwargs), second_stage)
+
+    def forward(self, hidden_states: torch.Tensor, **attention_kwargs: Any) -> torch.Tensor:
+        hidden_states = hidden_states + self._sublayer(
+            self.attention_conv, self.self_attn, self.input_layernorm(hidden_states), **attention_kwargs
+        )
+        return hidden_states + self._sublayer(self.mlp_conv, self.mlp, self.post_attention_layernorm(hidden_states))
+
+
+class CandidateSelector(nn.Module):
+    """DFlash 2's pair scorer over the top-K candidate lattice.
+
+    The score of candidate ``b`` at block position ``i`` following token ``a`` is the drafter's own logit for ``b``
+    plus a context-gated bilinear term ``sum_r P[a, r] * (W h_i)[r] * S[b, r]``: ``P`` / ``S`` are the predecessor /
+    successor codebooks (stored as bare ``[vocab, rank]`` tensors, as published) and ``W`` projects the drafter's
+    hidden state at position ``i`` to the selector rank.
+    """
+
+    def __init__(self, config: DFlashConfig):
+        super().__init__()
+        rank = int(config.selector_rank)
+        self.top_k = int(config.selector_top_k)
+        self.hidden_projection = nn.Linear(config.hidden_size, rank, bias=False)
+        self.predecessor_codebook = nn.Parameter(torch.empty(config.vocab_size, rank))
+        self.successor_codebook = nn.Parameter(torch.empty(config.vocab_size, rank))
+
+    def pair_scores(
+        self,
+        hidden: torch.Tensor,
+        predecessor_ids: torch.Tensor,
+        candidate_ids: torch.Tensor,
+        candidate_logits: torch.Tensor,
+    ) -> torch.Tensor:
+        """Score every (predecessor, candidate) pair at every block position in one batched op.
+
+        Args:
+            hidden: drafter hidden states of the drafted positions, ``[batch, positions, hidden]``.
+            predecessor_ids: tokens that may precede each position, ``[batch, positions, P]``.
+            candidate_ids: candidate tokens per position, ``[batch, positions, K]``.
+            candidate_logits: the drafter's logits of those candidates, ``[batch, positions, K]``.
+
+        Returns:
+            ``[batch, positions, P, K]`` scores.
+        """
+        gate = self.hidden_projection(hidden)
+        predecessors = F.embedding(predecessor_ids, self.predecessor_codebook)
+        successors = F.embedding(candidate_ids, self.successor_codebook)
+        follow = torch.einsum("blpr,blr,blkr->blpk", predecessors, gate.to(predecessors.dtype), successors)
+        return candidate_logits[:, :, None, :] + follow.to(candidate_logits.dtype)
+
+
+class DFlashPreTrainedModel(PreTrainedModel):
+    """Weight init, strict loading and Hub plumbing shared by the drafter classes."""
+
+    config_class = DFlashConfig
+    config: DFlashConfig
+    base_model_prefix = "drafter"
+    main_input_name = "noise_embeds"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["DFlashDecoderLayer"]
+    _supports_sdpa = True
+    _supports_flash_attn = False
+    _supports_attention_backend = True
+
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        std = self.config.initializer_range
+        if isinstance(module, GroupedDynamicConv):
+            # Start as the identity: full weight on the current position, nothing from earlier positions.
+            init.zeros_(module.base_kernel)
+            with torch.no_grad():
+                init.ones_(module.base_kernel[:, 0])
+        elif isinstance(module, CandidateSelector):
+            init.normal_(module.predecessor_codebook, mean=0.0, std=std)
+            init.normal_(module.successor_codebook, mean=0.0, std=std)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: Any, *model_args: Any, **kwargs: Any):
+        """Load a drafter from any published layout, refusing partial or mis-shaped checkpoints.
+
+        The class is picked from the config (DFlash 2 when it has a candidate selector); checkpoints in transformers'
+        ``MuseGlimmerAssistantModel`` layout are renamed on load. Only safetensors files are read.
+        """
+        config = kwargs.pop("config", None)
+        if not isinstance(config, DFlashConfig):
+            hub_kwargs = {k: kwargs[k] for k in ("cache_dir", "revision", "token", "local_files_only") if k in kwargs}
+            config = DFlashConfig.from_pretrained(config or pretrained_model_name_or_path, **hub_kwargs)
+        model_class = cls.class_for_config(config)
+        if "MuseGlimmerAssistantModel" in (config.architectures or []):
+            kwargs.setdefault("key_mapping", ASSISTANT_KEY_MAPPING)
+        kwargs.setdefault("use_safetensors", True)
+        wants_info = kwargs.pop("output_loading_info", False)
+        model, info = super(DFlashPreTrainedModel, model_class).from_pretrained(
+            pretrained_model_name_or_path, *model_args, config=config, output_loading_info=True, **kwargs
+        )
+        problems = [
+            f"{kind.replace('_', ' ')}: {sorted(map(str, info.get(kind) or []))}"
+            for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")
+            if info.get(kind)
+        ]
+        if problems:
+            raise DrafterLoadError(f"Checkpoint at {pretrained_model_name_or_path} does not match its config: " + "; ".join(problems))
+        return (model, info) if wants_info else model
+
+    @classmethod
+    def class_for_config(cls, config: DFlashConfig) -> type[DFlashDraftModel]:
+        """The drafter class a config describes; raises if ``cls`` is more specific than the config."""
+        model_class = DFlash2DraftModel if config.is_dflash2 else DFlashDraftModel
+        if not issubclass(model_class, cls):
+            raise ValueError(f"{cls.__name__} needs a DFlash 2 config (conv_* and selector_* fields); this config is DFlash v1.")
+        return model_class
+
+
+class DFlashDraftModel(DFlashPreTrainedModel):
+    """A DFlash block drafter; DFlash 2 components are built when the config asks for them."""
+
+    def __init__(self, config: DFlashConfig):
+        super().__init__(config)
+        self.fc = nn.Linear(len(config.target_layer_ids) * config.hidden_size, config.hidden_size, bias=False)
+        self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.layers = nn.ModuleList([DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = Qwen3RotaryEmbedding(config)
+        self.candidate_selector = CandidateSelector(config) if config.is_dflash2 else None
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    @property
+    def block_size(self) -> int:
+        return int(self.config.block_size)
+
+    @property
+    def mask_token_id(self) -> int:
+        return int(self.config.mask_token_id)
+
+    @property
+    def target_layer_ids(self) -> list[int]:
+        return [int(i) for i in self.config.target_layer_ids]
+
+    def fuse_context(self, context_hidden_states: torch.Tensor) -> torch.Tensor:
+        """Fuse the concatenated target features ``[batch, tokens, n_taps * hidden]`` into drafter width."""
+        return self.hidden_norm(self.fc(context_hidden_states))
+
+    def forward(
+        self,
+        noise_embeds: torch.Tensor,
+        context_hidden_states: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        **kwargs: Any,
+    ) -> BaseModelOutputWithPast:
+        """Run the drafter over one block (or, in training, many blocks) of embeddings.
+
+        Args:
+            noise_embeds: the target's input embeddings of ``[anchor, mask, ...]`` (times
+                ``config.input_embedding_scale``), ``[batch, block, hidden]``.
+            context_hidden_states: target features of tokens new to the drafter, concatenated over
+                ``config.target_layer_ids``, ``[batch, context, n_taps * hidden]``; ``None`` for no new context.
+            position_ids: absolute positions of the context tokens followed by the block, ``[batch, context + block]``.
+            attention_mask: optional boolean ``[batch, 1, block, keys]`` mask overriding the default (all context, the
+                block bidirectionally, within the sliding window); training uses it to pack many blocks.
+            cache: cache of earlier context keys/values. It receives this call's context *and* block keys;
+                the caller crops the block away before the next call.
+        """
+        context = None if context_hidden_states is None else self.fuse_context(context_hidden_states)
+        context_len = 0 if context is None else context.shape[1]
+        if position_ids is None:
+            start = cache.get_seq_length() if cache is not None else 0
+            position_ids = torch.arange(start, start + context_len + noise_embeds.shape[1], device=noise_embeds.device)
+            position_ids = position_ids.expand(noise_embeds.shape[0], -1)
+        position_embeddings = self.rotary_emb(noise_embeds, position_ids)
+        hidden_states = noise_embeds
+        for layer in self.layers:
+            hidden_states = layer(
+                hidden_states,
+                context=context,
+                position_ids=position_ids,
+                position_embeddings=position_embeddings,
+                attention_mask=attention_mask,
+                cache=cache,
+                **kwargs,
+            )
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), cache=cache)
+
+    def compute_logits(self, hidden_states: torch.Tensor, output_embeddings: nn.Module) -> torch.Tensor:
+        """Logits of drafted positions through the target's LM head, with the configured multiplier and soft cap."""
+        logits = output_embeddings(hidden_states) * float(self.config.output_multiplier)
+        softcap = self.config.final_logit_softcapping
+        if softcap:
+            logits = torch.tanh(logits / float(softcap)) * float(softcap)
+        return logits
+
+
+class DFlash2DraftModel(DFlashDraftModel):
+    """A DFlash 2 drafter: :class:`DFlashDraftModel` with convolutions and the :class:`CandidateSelector` head."""
+
+    def __init__(self, config: DFlashConfig):
+        if not config.is_dflash2 or config.conv_kernel_size is None:
+            raise ValueError("DFlash2DraftModel needs conv_kernel_size, conv_group_size and selector_rank in its config.")
+        super().__init__(config)
+
+
+DFlashDraftModel.register_for_auto_class("AutoModel")
+DFlashConfig.register_for_auto_class()
+
+__all__ = [
+    "CandidateSelector",
+    "DFlash2DraftModel",
+    "DFlashDraftModel",
+    "DFlashPreTrainedModel",
+    "DrafterLoadError",
+    "GroupedDynamicConv",
+]
