@@ -7,13 +7,15 @@ import json
 import sys
 from collections.abc import Sequence
 
+import torch
+
 from .modeling import DFlashConfig, DFlashDraftModel
 
 
 def describe_drafter(folder: str) -> dict:
     """Summarise a drafter folder: its kind, shape and drafting settings, read without loading the weights."""
     config = DFlashConfig.from_pretrained(folder)
-    with torch_meta_device():
+    with torch.device("meta"):
         model = DFlashDraftModel.class_for_config(config)(config)
     selector = model.candidate_selector
     return {
@@ -28,12 +30,6 @@ def describe_drafter(folder: str) -> dict:
         "selector_parameters": sum(p.numel() for p in selector.parameters()) if selector is not None else 0,
         "selector_top_k": config.selector_top_k if selector is not None else None,
     }
-
-
-def torch_meta_device():
-    import torch
-
-    return torch.device("meta")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn import functional as F
-from transformers import PreTrainedModel
+from transformers import PreTrainedConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPast
@@ -235,6 +235,14 @@ class CandidateSelector(nn.Module):
         return candidate_logits[:, :, None, :] + follow.to(candidate_logits.dtype)
 
 
+def _describe_key(entry: Any) -> str:
+    """A loading-report entry as text: a tensor name, or ``name (checkpoint shape vs model shape)``."""
+    if isinstance(entry, tuple) and len(entry) == 3:
+        name, checkpoint_shape, model_shape = entry
+        return f"{name} (checkpoint {list(checkpoint_shape)} vs model {list(model_shape)})"
+    return str(entry)
+
+
 class DFlashPreTrainedModel(PreTrainedModel):
     """Weight init, strict loading and Hub plumbing shared by the drafter classes."""
 
@@ -268,24 +276,29 @@ class DFlashPreTrainedModel(PreTrainedModel):
         ``MuseGlimmerAssistantModel`` layout are renamed on load. Only safetensors files are read.
         """
         config = kwargs.pop("config", None)
-        if not isinstance(config, DFlashConfig):
+        # Duck-typed: as Hub remote code, the config class may come from another copy of this module.
+        if not isinstance(config, PreTrainedConfig) or not hasattr(config, "is_dflash2"):
             hub_kwargs = {k: kwargs[k] for k in ("cache_dir", "revision", "token", "local_files_only") if k in kwargs}
             config = DFlashConfig.from_pretrained(config or pretrained_model_name_or_path, **hub_kwargs)
         model_class = cls.class_for_config(config)
         if "MuseGlimmerAssistantModel" in (config.architectures or []):
             kwargs.setdefault("key_mapping", ASSISTANT_KEY_MAPPING)
         kwargs.setdefault("use_safetensors", True)
+        kwargs.setdefault("ignore_mismatched_sizes", True)  # reported below as an error, with the shapes
         wants_info = kwargs.pop("output_loading_info", False)
         model, info = super(DFlashPreTrainedModel, model_class).from_pretrained(
             pretrained_model_name_or_path, *model_args, config=config, output_loading_info=True, **kwargs
         )
         problems = [
-            f"{kind.replace('_', ' ')}: {sorted(map(str, info.get(kind) or []))}"
+            f"{kind.replace('_', ' ')}: {', '.join(sorted(map(_describe_key, info.get(kind) or [])))}"
             for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")
             if info.get(kind)
         ]
         if problems:
             raise DrafterLoadError(f"Checkpoint at {pretrained_model_name_or_path} does not match its config: " + "; ".join(problems))
+        if "key_mapping" in kwargs:
+            # transformers would replay the renaming backwards on save; always save in this class's own layout.
+            model.__dict__.pop("_weight_conversions", None)
         return (model, info) if wants_info else model
 
     @classmethod

@@ -1,0 +1,62 @@
+"""Shared builders of tiny random targets and drafters (built in code, seconds to create)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+from dflash2_hf import DFlashConfig, DFlashDraftModel
+
+FIXTURES = Path(__file__).parent / "fixtures"
+PUBLISHED = FIXTURES / "published"
+REFERENCE = FIXTURES / "reference"
+
+TINY_VOCAB, TINY_HIDDEN, TINY_TARGET_LAYERS = 96, 64, 4
+
+TARGET_CONFIGS = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
+
+
+def tiny_target(arch: str = "qwen3", seed: int = 0) -> torch.nn.Module:
+    """A tiny random causal LM of a real transformers architecture."""
+    torch.manual_seed(seed)
+    config = TARGET_CONFIGS[arch](
+        vocab_size=TINY_VOCAB, hidden_size=TINY_HIDDEN, intermediate_size=128, num_hidden_layers=TINY_TARGET_LAYERS,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+
+def tiny_drafter_config(kind: str = "dflash2", **overrides) -> DFlashConfig:
+    """A tiny drafter config for the tiny targets: ``kind`` is ``dflash`` (v1) or ``dflash2``."""
+    fields = dict(
+        vocab_size=TINY_VOCAB, hidden_size=TINY_HIDDEN, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+        num_target_layers=TINY_TARGET_LAYERS, target_layer_ids=[0, 2], block_size=8, mask_token_id=TINY_VOCAB - 1,
+    )
+    if kind == "dflash2":
+        fields |= dict(conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=4)
+    fields |= overrides
+    return DFlashConfig(**fields)
+
+
+def tiny_drafter(kind: str = "dflash2", seed: int = 0, **overrides) -> DFlashDraftModel:
+    """A tiny drafter with every parameter random (convolutions included, so no component is the identity)."""
+    config = tiny_drafter_config(kind, **overrides)
+    torch.manual_seed(seed)
+    model = DFlashDraftModel.class_for_config(config)(config).eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator)
+            parameter.copy_(1 + 0.1 * noise if name.endswith("norm.weight") else 0.2 * noise)
+    return model
+
+
+@pytest.fixture(autouse=True)
+def _deterministic_threads():
+    torch.manual_seed(0)
+    yield

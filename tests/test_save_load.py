@@ -1,0 +1,113 @@
+"""Saving and loading drafters: round trips, Auto classes, remote code, and loud failures on bad checkpoints."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import tiny_drafter
+from safetensors.torch import load_file, save_file
+from transformers import AutoModel
+
+from dflash2_hf import DFlash2DraftModel, DFlashDraftModel, DrafterLoadError
+
+
+def sample_output(drafter: DFlashDraftModel) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(1)
+    context = torch.randn(1, 6, len(drafter.target_layer_ids) * drafter.config.hidden_size, generator=generator)
+    noise = torch.randn(1, drafter.block_size, drafter.config.hidden_size, generator=generator)
+    with torch.no_grad():
+        return drafter(noise, context_hidden_states=context).last_hidden_state
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
+def test_save_then_load_gives_the_same_drafter(kind, tmp_path):
+    drafter = tiny_drafter(kind)
+    drafter.save_pretrained(tmp_path)
+    loaded = DFlashDraftModel.from_pretrained(tmp_path)
+    assert type(loaded) is type(drafter)
+    torch.testing.assert_close(sample_output(loaded), sample_output(drafter), atol=0, rtol=0)
+
+
+def test_saved_folder_is_safetensors_with_remote_code(tmp_path):
+    tiny_drafter("dflash2").save_pretrained(tmp_path)
+    names = {path.name for path in tmp_path.iterdir()}
+    assert {"config.json", "model.safetensors", "modeling_dflash.py", "configuration_dflash.py"} <= names
+    assert not any(name.endswith((".bin", ".pt", ".pth")) for name in names)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == ["DFlash2DraftModel"]
+    assert config["auto_map"] == {
+        "AutoConfig": "configuration_dflash.DFlashConfig",
+        "AutoModel": "modeling_dflash.DFlash2DraftModel",
+    }
+    assert "candidate_selector.predecessor_codebook" in load_file(tmp_path / "model.safetensors")
+
+
+def test_auto_model_loads_a_saved_folder_without_remote_code(tmp_path):
+    tiny_drafter("dflash2").save_pretrained(tmp_path)
+    assert type(AutoModel.from_pretrained(tmp_path)) is DFlash2DraftModel
+
+
+def test_remote_code_loads_a_saved_folder_in_a_fresh_interpreter(tmp_path):
+    drafter = tiny_drafter("dflash2")
+    drafter.save_pretrained(tmp_path)
+    torch.save(sample_output(drafter), tmp_path.parent / "expected.pt")  # test-side data only; loaded with weights_only
+    script = f"""
+import sys, torch
+from transformers import AutoModel
+model = AutoModel.from_pretrained({str(tmp_path)!r}, trust_remote_code=True)
+assert "dflash2_hf" not in sys.modules, "remote code must not need the package"
+assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+generator = torch.Generator().manual_seed(1)
+context = torch.randn(1, 6, len(model.config.target_layer_ids) * model.config.hidden_size, generator=generator)
+noise = torch.randn(1, model.config.block_size, model.config.hidden_size, generator=generator)
+with torch.no_grad():
+    output = model(noise, context_hidden_states=context).last_hidden_state
+torch.testing.assert_close(output, torch.load({str(tmp_path.parent / "expected.pt")!r}, weights_only=True))
+print(type(model).__name__)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path.parent)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("DFlash2DraftModel")
+
+
+def rewrite_weights(folder, edit) -> None:
+    tensors = load_file(folder / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_missing_tensor_is_named(tmp_path):
+    tiny_drafter("dflash2").save_pretrained(tmp_path)
+    rewrite_weights(tmp_path, lambda t: t.pop("candidate_selector.successor_codebook"))
+    with pytest.raises(DrafterLoadError, match="missing keys.*candidate_selector.successor_codebook"):
+        DFlashDraftModel.from_pretrained(tmp_path)
+
+
+def test_unexpected_tensor_is_named(tmp_path):
+    tiny_drafter("dflash").save_pretrained(tmp_path)
+    rewrite_weights(tmp_path, lambda t: t.update({"lm_head.weight": torch.zeros(96, 64)}))
+    with pytest.raises(DrafterLoadError, match="unexpected keys.*lm_head.weight"):
+        DFlashDraftModel.from_pretrained(tmp_path)
+
+
+def test_misshaped_tensor_is_named(tmp_path):
+    tiny_drafter("dflash").save_pretrained(tmp_path)
+    rewrite_weights(tmp_path, lambda t: t.update({"fc.weight": torch.zeros(64, 64)}))
+    with pytest.raises(DrafterLoadError, match=r"mismatched keys: fc.weight \(checkpoint \[64, 64\] vs model \[64, 128\]\)"):
+        DFlashDraftModel.from_pretrained(tmp_path)
+
+
+def test_pickle_checkpoint_is_refused(tmp_path):
+    drafter = tiny_drafter("dflash")
+    drafter.config.save_pretrained(tmp_path)
+    torch.save(drafter.state_dict(), tmp_path / "pytorch_model.bin")
+    with pytest.raises(OSError, match="safetensors"):
+        DFlashDraftModel.from_pretrained(tmp_path)
+
+
+def test_v1_checkpoint_cannot_be_loaded_as_dflash2(tmp_path):
+    tiny_drafter("dflash").save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="needs a DFlash 2 config"):
+        DFlash2DraftModel.from_pretrained(tmp_path)
