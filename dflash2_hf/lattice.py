@@ -123,3 +123,29 @@ def score_lattice(lattice: Lattice, selector: torch.nn.Module, hidden: torch.Ten
         hidden, lattice.predecessor_ids(), lattice.candidate_ids, lattice.candidate_logits
     )
     return lattice
+
+
+def sample_path(lattice: Lattice, temperature: float) -> tuple[torch.Tensor, list[list[torch.Tensor]]]:
+    """Sample a path position by position from ``q_i(. | previous pick) = softmax(score / temperature)``.
+
+    Without a selector, ``q_i`` is the drafter's own top-K distribution, independent of the predecessor.
+    Returns the candidate indices ``[batch, L]`` and, per batch row, the ``K`` probabilities each pick was drawn from
+    (what exact rejection sampling needs). Uses torch's global generator.
+    """
+    if lattice.pair_scores is None:
+        scores = lattice.candidate_logits[:, :, None, :]
+        row_of = lambda previous: torch.zeros_like(previous)  # noqa: E731 - one row: no predecessor dependence
+    else:
+        scores = lattice.pair_scores
+        row_of = lambda previous: previous  # noqa: E731
+    batch, length = lattice.candidate_ids.shape[:2]
+    previous = torch.zeros(batch, dtype=torch.long, device=scores.device)
+    picks, distributions = [], [[] for _ in range(batch)]
+    for position in range(length):
+        rows = scores[:, position].gather(1, row_of(previous)[:, None, None].expand(-1, 1, scores.shape[-1]))[:, 0]
+        q = torch.softmax(rows.float() / temperature, dim=-1)
+        previous = torch.multinomial(q, 1)[:, 0]
+        picks.append(previous)
+        for row in range(batch):
+            distributions[row].append(q[row])
+    return torch.stack(picks, dim=1), distributions

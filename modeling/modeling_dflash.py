@@ -111,12 +111,8 @@ class DFlashAttention(nn.Module):
         query, key = apply_rotary_to_block(query, key, *position_embeddings)
         if cache is not None:
             key, value = cache.update(key, value, self.layer_idx)
-        if attention_mask is None and (self.is_causal or self.sliding_window is not None):
-            # Cached keys are contiguous and end at the last new position.
-            key_positions = position_ids[:, -1:] - key.shape[-2] + 1 + torch.arange(key.shape[-2], device=key.device)
-            attention_mask = block_attention_mask(
-                position_ids[:, -q_len:], key_positions, causal=self.is_causal, sliding_window=self.sliding_window
-            )
+        if attention_mask is None or attention_mask.shape[-2] == 1:
+            attention_mask = self._default_mask(position_ids, q_len, key.shape[-2], key_padding=attention_mask)
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
         output, _ = attention(
             self,
@@ -129,6 +125,22 @@ class DFlashAttention(nn.Module):
             **kwargs,
         )
         return self.o_proj(output.reshape(batch, q_len, -1))
+
+
+    def _default_mask(
+        self, position_ids: torch.Tensor, q_len: int, k_len: int, key_padding: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """All context, the block bidirectionally (or causally), within the sliding window, minus padded keys."""
+        mask = None
+        if self.is_causal or self.sliding_window is not None:
+            # Cached keys are contiguous and end at the last new position.
+            key_positions = position_ids[:, -1:] - k_len + 1 + torch.arange(k_len, device=position_ids.device)
+            mask = block_attention_mask(
+                position_ids[:, -q_len:], key_positions, causal=self.is_causal, sliding_window=self.sliding_window
+            )
+        if key_padding is not None:
+            mask = key_padding if mask is None else mask & key_padding
+        return mask
 
 
 class GroupedDynamicConv(nn.Module):
@@ -358,10 +370,14 @@ class DFlashDraftModel(DFlashPreTrainedModel):
                 ``config.target_layer_ids``, ``[batch, context, n_taps * hidden]``; ``None`` for no new context.
             position_ids: absolute positions of the context tokens followed by the block, ``[batch, context + block]``.
             attention_mask: optional boolean ``[batch, 1, block, keys]`` mask overriding the default (all context, the
-                block bidirectionally, within the sliding window); training uses it to pack many blocks.
+                block bidirectionally, within the sliding window), e.g. to pack many blocks in training; or a 2D
+                ``[batch, keys]`` padding mask combined with the default.
             cache: cache of earlier context keys/values. It receives this call's context *and* block keys;
                 the caller crops the block away before the next call.
         """
+        if attention_mask is not None and attention_mask.dim() == 2:
+            # A 2D padding mask over [cached + context + block] keys, as transformers' DFlash generator passes it.
+            attention_mask = None if bool(attention_mask.all()) else attention_mask.bool()[:, None, None, :]
         context = None if context_hidden_states is None else self.fuse_context(context_hidden_states)
         context_len = 0 if context is None else context.shape[1]
         if position_ids is None:

@@ -8,7 +8,7 @@ The reference pins transformers 5.15.0, so it runs in a virtual environment of i
 
 It builds a tiny random Qwen3 target and tiny DFlash v1 / DFlash 2 drafters with the reference classes, saves their
 weights in the published layouts (safetensors), and records the reference's block hidden states, logits, selector
-choices and greedy ``spec_generate`` outputs in ``golden.safetensors``.
+choices, and its greedy ``spec_generate`` output with the block drafted in every cycle, in ``golden.safetensors``.
 """
 
 from __future__ import annotations
@@ -90,6 +90,29 @@ def one_block(drafter, target, prompt: torch.Tensor, anchor: int) -> dict[str, t
     return result
 
 
+@torch.inference_mode()
+def greedy_run(drafter, target, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy ``spec_generate``, recording the drafted tokens of every full-size block (padded rows of -1)."""
+    drafts = []
+    if isinstance(drafter, DFlash2DraftModel):
+        propose = drafter.propose
+        def recording(*args, **kwargs):
+            result = propose(*args, **kwargs)
+            drafts.append(result[0][0].tolist())
+            return result
+        drafter.propose = recording
+    else:
+        compute_logits = drafter.compute_logits
+        def recording(*args, **kwargs):
+            logits = compute_logits(*args, **kwargs)
+            drafts.append(logits.argmax(-1)[0].tolist())
+            return logits
+        drafter.compute_logits = recording
+    output = drafter.spec_generate(target, prompt, NEW_TOKENS, stop_token_ids=None)
+    full = [d for d in drafts if len(d) == BLOCK - 1]
+    return output, torch.tensor(full)
+
+
 def main(out: Path) -> None:
     torch.manual_seed(0)
     target = Qwen3ForCausalLM(target_config()).eval()
@@ -106,7 +129,7 @@ def main(out: Path) -> None:
         save_published_layout(drafter, out / name, architecture)
         for key, value in one_block(drafter, target, prompt, anchor=7).items():
             golden[f"{name}.{key}"] = value
-        golden[f"{name}.greedy_output"] = drafter.spec_generate(target, prompt, NEW_TOKENS, stop_token_ids=None)
+        golden[f"{name}.greedy_output"], golden[f"{name}.greedy_drafts"] = greedy_run(drafter, target, prompt)
     save_file({k: v.contiguous() for k, v in golden.items()}, out / "golden.safetensors")
     print(f"wrote fixtures to {out}")
 

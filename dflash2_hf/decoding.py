@@ -1,0 +1,221 @@
+"""The DFlash decoding loop that ``target.generate(assistant_model=drafter)`` runs.
+
+One cycle: the drafter drafts a block from the target's hidden states -> top-K lattice -> pair scores -> a path ->
+one target forward over ``[anchor, path]`` -> exact verification -> accepted tokens (each checked against the
+stopping criteria, so EOS, stop strings and ``max_new_tokens`` end the output exactly where plain ``generate`` would)
+-> the target's cache is cropped to the accepted length and the accepted tokens' hidden states feed the next draft.
+
+Everything ``generate`` prepared is reused: the target's cache, logits processors (temperature, top-k, top-p,
+repetition penalty, min length, ...), stopping criteria and streamer.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from .drafting import BlockDrafter, DraftOptions
+from .lattice import PathStrategy, sample_path, select_path
+from .modeling import DFlashDraftModel
+from .verification import SparseDistribution, Verdict, verify_greedy, verify_sampled
+
+
+@dataclass
+class DFlashStats:
+    """What one ``generate`` call did.
+
+    ``acceptance_lengths[c]`` counts the tokens cycle ``c`` emitted: the accepted drafted tokens plus the target's own
+    token (correction or bonus), as the published DFlash figures count them; the first token, which comes from the
+    prefill, is not part of any cycle.
+    """
+
+    path: str
+    block_size: int
+    acceptance_lengths: list[int] = field(default_factory=list)
+    prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    select_seconds: float = 0.0
+    verify_seconds: float = 0.0
+
+    @property
+    def cycles(self) -> int:
+        return len(self.acceptance_lengths)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return sum(self.acceptance_lengths) / self.cycles if self.cycles else 0.0
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(self.acceptance_lengths) + 1
+
+
+class DFlashGenerateOutput(GenerateDecoderOnlyOutput):
+    """``GenerateDecoderOnlyOutput`` with the call's :class:`DFlashStats` (``return_dict_in_generate=True``)."""
+
+    dflash_stats: DFlashStats | None = None
+
+
+UNSUPPORTED_OUTPUTS = ("output_attentions", "output_hidden_states")
+
+
+def check_generation_arguments(generation_config: GenerationConfig, batch_size: int) -> None:
+    """Refuse, before any work, generation settings this decoder cannot honour exactly."""
+    if batch_size != 1:
+        raise ValueError(f"DFlash decoding supports batch size 1 (one prompt per generate call); got {batch_size}.")
+    if generation_config.num_beams not in (None, 1):
+        raise ValueError("DFlash decoding does not support beam search (num_beams > 1).")
+    requested = [name for name in UNSUPPORTED_OUTPUTS if getattr(generation_config, name, False)]
+    if requested:
+        raise ValueError(f"DFlash decoding does not return {', '.join(requested)}; scores and logits are supported.")
+    if generation_config.do_sample and (generation_config.temperature is None or generation_config.temperature <= 0):
+        raise ValueError(f"temperature must be > 0 when sampling, got {generation_config.temperature}.")
+
+
+class DFlashDecoder:
+    """Runs one generation: prefill, then draft / select / verify cycles until a stopping criterion fires."""
+
+    def __init__(
+        self,
+        target: torch.nn.Module,
+        drafter: DFlashDraftModel,
+        options: DraftOptions,
+        generation_config: GenerationConfig,
+        logits_processor: LogitsProcessorList,
+        stopping_criteria: StoppingCriteriaList,
+        streamer: BaseStreamer | None,
+        cache,
+    ):
+        self.target = target
+        self.drafter = drafter
+        self.block = BlockDrafter(drafter, target, options)
+        self.options = options
+        self.do_sample = bool(generation_config.do_sample)
+        self.temperature = float(generation_config.temperature or 1.0)
+        self.max_length = generation_config.max_length
+        self.logits_processor = logits_processor
+        self.stopping_criteria = stopping_criteria
+        self.streamer = streamer
+        self.cache = cache
+        self.keep_scores = bool(generation_config.return_dict_in_generate and generation_config.output_scores)
+        self.keep_logits = bool(generation_config.return_dict_in_generate and generation_config.output_logits)
+        self.scores: list[torch.Tensor] = []
+        self.raw_logits: list[torch.Tensor] = []
+        self.stats = DFlashStats(path=options.path.value, block_size=options.block_size)
+
+    def _forward(self, input_ids: torch.Tensor, **kwargs):
+        return self.target(
+            input_ids=input_ids,
+            cache=self.cache,
+            use_cache=True,
+            output_hidden_states=self.block.hidden_state_indices,
+            **kwargs,
+        )
+
+    def _processed(self, sequence: torch.Tensor, prefix_length: int, logits: torch.Tensor) -> torch.Tensor:
+        """The target's processed scores for the token after ``sequence[:, :prefix_length]``, as plain decoding does."""
+        raw = logits.to(dtype=torch.float32, copy=True)[None]
+        scores = self.logits_processor(sequence[:, :prefix_length], raw)[0]
+        if self.keep_scores:
+            self.scores.append(scores[None])
+        if self.keep_logits:
+            self.raw_logits.append(raw)
+        return scores
+
+    def _choose(self, scores: torch.Tensor) -> int:
+        if self.do_sample:
+            return int(torch.multinomial(torch.softmax(scores, dim=-1), 1))
+        return int(scores.argmax())
+
+    def _emit(self, sequence: torch.Tensor, tokens: list[int]) -> tuple[torch.Tensor, bool]:
+        """Append tokens one at a time, stopping right after the first one a stopping criterion flags."""
+        stopped = False
+        for count, token in enumerate(tokens, start=1):
+            sequence = torch.cat([sequence, sequence.new_tensor([[token]])], dim=1)
+            if bool(self.stopping_criteria(sequence, None).any()):
+                tokens, stopped = tokens[:count], True
+                break
+        if self.streamer is not None:
+            self.streamer.put(sequence.new_tensor([tokens]).cpu())
+        return sequence, stopped
+
+    @torch.no_grad()
+    def run(self, input_ids: torch.Tensor) -> torch.Tensor:
+        started = time.perf_counter()
+        output = self._forward(input_ids, logits_to_keep=1)
+        first = self._choose(self._processed(input_ids, input_ids.shape[1], output.logits[0, -1]))
+        self.stats.prefill_seconds = time.perf_counter() - started
+        context = self.block.context_features(output.hidden_states, input_ids.shape[1])
+        sequence, stopped = self._emit(input_ids, [first])
+        while not stopped:
+            sequence, stopped, context = self._cycle(sequence, context)
+        if self.streamer is not None:
+            self.streamer.end()
+        return sequence
+
+    def _cycle(self, sequence: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, bool, torch.Tensor]:
+        anchor_position = sequence.shape[1] - 1
+        anchor = int(sequence[0, -1])
+        length = min(self.options.block_size - 1, self.max_length - sequence.shape[1] - 1)
+
+        tick = time.perf_counter()
+        path, distributions = [], []
+        if length > 0:
+            lattice, hidden = self.block.draft(context, anchor, anchor_position, length)
+            drafted = time.perf_counter()
+            self.stats.draft_seconds += drafted - tick
+            tick = drafted
+            if self.do_sample:
+                lattice = self.block.score(lattice, hidden)
+                picks, q = sample_path(lattice, self.temperature)
+                distributions = [SparseDistribution(lattice.candidate_ids[0, i], q[0][i]) for i in range(length)]
+            else:
+                if self.options.path is not PathStrategy.ARGMAX:
+                    lattice = self.block.score(lattice, hidden)
+                picks = select_path(lattice, self.options.path)
+            path = lattice.tokens(picks)[0].tolist()
+            self.stats.select_seconds += time.perf_counter() - tick
+            tick = time.perf_counter()
+
+        candidates = torch.cat([sequence, sequence.new_tensor([path])], dim=1)
+        output = self._forward(candidates[:, anchor_position:])
+        logits = output.logits[0]
+        verdict = self._verify(candidates, anchor_position + 1, logits, path, distributions)
+        if len(path) > verdict.accepted:
+            self.cache.crop(verdict.accepted - len(path))
+        self.stats.verify_seconds += time.perf_counter() - tick
+
+        sequence, stopped = self._emit(sequence, verdict.emitted)
+        self.stats.acceptance_lengths.append(len(verdict.emitted))
+        context = self.block.context_features(output.hidden_states, verdict.accepted + 1)
+        return sequence, stopped, context
+
+    def _verify(
+        self, candidates: torch.Tensor, first_prefix: int, logits: torch.Tensor, path: list[int], distributions
+    ) -> Verdict:
+        if not self.do_sample:
+            if len(self.logits_processor) == 0 and not (self.keep_scores or self.keep_logits):
+                choices = logits.argmax(dim=-1).tolist()
+                return verify_greedy(path, choices.__getitem__)
+            return verify_greedy(path, lambda i: int(self._processed(candidates, first_prefix + i, logits[i]).argmax()))
+        return verify_sampled(
+            path, distributions, lambda i: torch.softmax(self._processed(candidates, first_prefix + i, logits[i]), dim=-1)
+        )
+
+    def output(self, sequence: torch.Tensor, prompt_length: int, return_dict: bool):
+        """What ``generate`` returns: the sequences, or a dict output with scores/logits of the emitted tokens."""
+        if not return_dict:
+            return sequence
+        emitted = sequence.shape[1] - prompt_length  # tokens processed past a stop are dropped
+        return DFlashGenerateOutput(
+            sequences=sequence,
+            scores=tuple(self.scores[:emitted]) if self.keep_scores else None,
+            logits=tuple(self.raw_logits[:emitted]) if self.keep_logits else None,
+            cache=self.cache,
+            dflash_stats=self.stats,
+        )

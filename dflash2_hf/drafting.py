@@ -1,0 +1,104 @@
+"""Drafting one block for a target: context features in, a top-K lattice and a path out.
+
+:class:`BlockDrafter` owns the drafter's context cache for one generation. Each call feeds the target's hidden states
+of the tokens verified since the last call, drafts ``[anchor, mask, ...]`` in one drafter forward pass, reads the
+drafted positions' logits through the target's LM head, keeps the top-K candidates and scores adjacent pairs with the
+selector (DFlash 2), all in batched ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from .lattice import Lattice, PathStrategy, build_lattice, score_lattice
+from .modeling import DFlashDraftModel
+
+
+@dataclass(frozen=True)
+class DraftOptions:
+    """Per-call drafting settings.
+
+    Attributes:
+        path: how a path is picked through the lattice in greedy decoding (sampling always samples the path from the
+            selector's conditional distributions).
+        block_size: tokens per block, anchor included (at most the drafter's trained ``block_size``).
+        top_k: candidates kept per position.
+    """
+
+    path: PathStrategy
+    block_size: int
+    top_k: int
+
+    @classmethod
+    def for_drafter(
+        cls, drafter: DFlashDraftModel, path: str | None = None, block_size: int | None = None, top_k: int | None = None
+    ) -> DraftOptions:
+        """Resolve options: explicit value, else the drafter's generation defaults, else its config; validated."""
+        defaults = getattr(drafter, "dflash_generation_defaults", {})
+        config = drafter.config
+        path = path or defaults.get("path") or (PathStrategy.GREEDY if config.is_dflash2 else PathStrategy.ARGMAX)
+        try:
+            path = PathStrategy(path)
+        except ValueError:
+            raise ValueError(f"Unknown path strategy {path!r}; choose one of {[s.value for s in PathStrategy]}.") from None
+        if path is not PathStrategy.ARGMAX and not config.is_dflash2:
+            raise ValueError(f"Path strategy {path.value!r} needs a DFlash 2 drafter; this DFlash v1 drafter supports 'argmax'.")
+        block_size = int(block_size or defaults.get("block_size") or config.block_size)
+        if not 2 <= block_size <= config.block_size:
+            raise ValueError(f"block_size must be between 2 and the drafter's {config.block_size}, got {block_size}.")
+        top_k = int(top_k or defaults.get("top_k") or config.selector_top_k)
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}.")
+        return cls(path=path, block_size=block_size, top_k=top_k)
+
+
+class BlockDrafter:
+    """Drafts blocks for one target during one generation, keeping the drafter's context cache in step."""
+
+    def __init__(self, drafter: DFlashDraftModel, target: torch.nn.Module, options: DraftOptions):
+        self.drafter = drafter
+        self.options = options
+        self.input_embeddings = target.get_input_embeddings()
+        self.output_embeddings = target.get_output_embeddings()
+        self.cache = DynamicCache()
+        self.block_template = torch.full((1, options.block_size), drafter.mask_token_id, device=drafter.device)
+
+    @property
+    def hidden_state_indices(self) -> list[int]:
+        """Indices into the target's ``hidden_states`` tuple that the drafter reads (``layer id + 1``)."""
+        return [layer + 1 for layer in self.drafter.target_layer_ids]
+
+    def context_features(self, hidden_states: tuple[torch.Tensor, ...], count: int) -> torch.Tensor:
+        """Concatenate the tapped layers' hidden states of the first ``count`` processed tokens."""
+        parts = [hidden_states[index][:, :count] for index in self.hidden_state_indices]
+        return torch.cat(parts, dim=-1).to(device=self.drafter.device, dtype=self.drafter.dtype)
+
+    @torch.no_grad()
+    def draft(self, context: torch.Tensor, anchor_id: int, anchor_position: int, length: int) -> tuple[Lattice, torch.Tensor]:
+        """Draft a block after ``anchor_id`` (at ``anchor_position``) and return the lattice of its first ``length``
+        drafted positions, with the drafter's hidden states of those positions.
+
+        ``context`` holds the features of the tokens at ``anchor_position - context_len .. anchor_position - 1``, the
+        ones the drafter has not seen yet.
+        """
+        block = self.block_template.clone()
+        block[0, 0] = anchor_id
+        embeds = self.input_embeddings(block).to(self.drafter.dtype) * float(self.drafter.config.input_embedding_scale)
+        start = anchor_position - context.shape[1]
+        positions = torch.arange(start, anchor_position + self.options.block_size, device=block.device)[None]
+        output = self.drafter(embeds, context_hidden_states=context, position_ids=positions, cache=self.cache)
+        self.cache.crop(-self.options.block_size)
+        hidden = output.last_hidden_state[:, 1 : 1 + length]
+        logits = self.drafter.compute_logits(hidden.to(self.output_embeddings.weight.dtype), self.output_embeddings)
+        anchor = torch.tensor([anchor_id], device=logits.device)
+        return build_lattice(logits.float(), anchor, self.options.top_k), hidden
+
+    @torch.no_grad()
+    def score(self, lattice: Lattice, hidden: torch.Tensor) -> Lattice:
+        """Pair-score the lattice with the drafter's selector (a no-op for a drafter without one)."""
+        if self.drafter.candidate_selector is None:
+            return lattice
+        return score_lattice(lattice, self.drafter.candidate_selector, hidden)

@@ -1,0 +1,109 @@
+"""How ``target.generate(assistant_model=drafter)`` reaches the DFlash decoder.
+
+transformers picks the assisted-generation loop whenever ``assistant_model`` is given, looking the method up on the
+model's class (``GENERATION_MODES_MAPPING[ASSISTED_GENERATION] == "_assisted_decoding"``). Importing ``dflash2_hf``
+wraps three ``GenerationMixin`` methods so that, when the assistant is a DFlash drafter (and the caller did not ask
+for transformers' own ``speculation_type="dflash"``):
+
+* ``_extract_generation_mode_kwargs`` also takes the per-call options ``dflash_path``, ``dflash_block_size`` and
+  ``dflash_top_k`` out of the ``generate`` kwargs;
+* ``_validate_generation_mode`` checks the drafter fits the target and the arguments are supported, before any work,
+  and skips the checks meant for classic draft LMs (vocabulary size, tokenizers);
+* ``_assisted_decoding`` runs :class:`~dflash2_hf.decoding.DFlashDecoder` instead of the classic loop.
+
+Every other call goes to the original methods untouched. ``tests/test_hooks.py`` fails if a transformers upgrade
+renames or re-routes any of them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from transformers.generation.utils import GENERATION_MODES_MAPPING, GenerationMixin, GenerationMode
+
+from .decoding import DFlashDecoder, check_generation_arguments
+from .drafting import DraftOptions
+from .modeling import DFlashDraftModel
+
+OPTION_KWARGS = {"dflash_path": "path", "dflash_block_size": "block_size", "dflash_top_k": "top_k"}
+PATCHED_METHODS = ("_extract_generation_mode_kwargs", "_validate_generation_mode", "_assisted_decoding")
+
+
+def _uses_dflash(assistant_model, generation_config=None) -> bool:
+    if not isinstance(assistant_model, DFlashDraftModel):
+        return False
+    return generation_config is None or getattr(generation_config, "speculation_type", None) != "dflash"
+
+
+def _wrap_extract(original):
+    @functools.wraps(original)
+    def extract(self, custom_generate, kwargs, synced_gpus, assistant_model, streamer):
+        options = {OPTION_KWARGS[k]: kwargs.pop(k) for k in list(kwargs) if k in OPTION_KWARGS}
+        mode_kwargs = original(self, custom_generate, kwargs, synced_gpus, assistant_model, streamer)
+        if options and not isinstance(assistant_model, DFlashDraftModel):
+            raise ValueError(f"{sorted(options)} options need a DFlash drafter as assistant_model.")
+        if options:
+            mode_kwargs["dflash_options"] = options
+        return mode_kwargs
+
+    return extract
+
+
+def _wrap_validate(original):
+    @functools.wraps(original)
+    def validate(self, generation_mode, generation_config, generation_mode_kwargs):
+        drafter = generation_mode_kwargs.get("assistant_model")
+        if not _uses_dflash(drafter, generation_config):
+            return original(self, generation_mode, generation_config, generation_mode_kwargs)
+        if generation_mode_kwargs.get("assistant_tokenizer") is not None:
+            raise ValueError("A DFlash drafter shares the target's tokenizer; do not pass `assistant_tokenizer`.")
+        drafter.config.check_fits_target(self.config, self.get_output_embeddings().weight.shape[0])
+        if drafter.device != self.device:
+            raise ValueError(f"The drafter is on {drafter.device} and the target on {self.device}; put both on one device.")
+        DraftOptions.for_drafter(drafter, **generation_mode_kwargs.get("dflash_options", {}))
+        without_assistant = {k: v for k, v in generation_mode_kwargs.items() if k not in ("assistant_model", "dflash_options")}
+        return original(self, generation_mode, generation_config, without_assistant)
+
+    return validate
+
+
+def _wrap_assisted_decoding(original):
+    @functools.wraps(original)
+    def assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs):
+        drafter = kwargs.get("assistant_model")
+        if not _uses_dflash(drafter, generation_config):
+            kwargs.pop("dflash_options", None)
+            return original(self, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs)
+        check_generation_arguments(generation_config, input_ids.shape[0])
+        attention_mask = kwargs.get("attention_mask")
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise ValueError("DFlash decoding does not support padded prompts (attention_mask with zeros).")
+        options = DraftOptions.for_drafter(drafter, **kwargs.get("dflash_options", {}))
+        decoder = DFlashDecoder(
+            self, drafter, options, generation_config, logits_processor, stopping_criteria,
+            kwargs.get("streamer"), kwargs["cache"],
+        )
+        sequence = decoder.run(input_ids)
+        drafter.last_generation_stats = decoder.stats
+        return decoder.output(sequence, input_ids.shape[1], bool(generation_config.return_dict_in_generate))
+
+    return assisted_decoding
+
+
+def install() -> None:
+    """Wrap the ``GenerationMixin`` methods (idempotent)."""
+    if GENERATION_MODES_MAPPING.get(GenerationMode.ASSISTED_GENERATION) != "_assisted_decoding":
+        raise RuntimeError("transformers no longer routes assisted generation through `_assisted_decoding`; "
+                           "dflash2-hf needs an update for this transformers version.")
+    wrappers = {
+        "_extract_generation_mode_kwargs": _wrap_extract,
+        "_validate_generation_mode": _wrap_validate,
+        "_assisted_decoding": _wrap_assisted_decoding,
+    }
+    for name, wrap in wrappers.items():
+        current = getattr(GenerationMixin, name)
+        if getattr(current, "__dflash2_hf__", False):
+            continue
+        wrapped = wrap(current)
+        wrapped.__dflash2_hf__ = True
+        setattr(GenerationMixin, name, wrapped)

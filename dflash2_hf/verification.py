@@ -1,0 +1,88 @@
+"""Exact verification of a drafted path against the target.
+
+Greedy: accept the longest prefix of the path that equals the target's own choice at every position, then emit the
+target's choice at the first mismatch (or after the last drafted token).
+
+Sampling (speculative sampling, Leviathan et al. 2023, Alg. 1): the path was sampled position by position from the
+drafter's conditional distributions ``q_i``; token ``x_i`` is kept with probability ``min(1, p_i(x_i) / q_i(x_i))``,
+where ``p_i`` is the target's processed distribution given the kept prefix. At the first rejection a replacement is
+drawn from the residual ``max(p_i - q_i, 0) / Z``; when every token is kept, one more token is drawn from ``p``.
+Each emitted token then has exactly the distribution ``p_i`` (proof in ``docs/concepts.md``), whatever ``q`` is.
+
+The target's distributions are supplied lazily by a callable so that only positions up to the first rejection are
+processed (logits processors such as repetition penalty depend on the prefix and run once per position).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SparseDistribution:
+    """A distribution over the vocabulary supported on a few token ids (the top-K candidates of one position)."""
+
+    token_ids: torch.Tensor  # [K]
+    probs: torch.Tensor  # [K], sums to 1
+
+    def prob_of(self, token_id: int) -> float:
+        hits = self.probs[self.token_ids == token_id]
+        return float(hits.sum()) if hits.numel() else 0.0
+
+    def dense(self, vocab_size: int) -> torch.Tensor:
+        out = torch.zeros(vocab_size, dtype=self.probs.dtype, device=self.probs.device)
+        return out.index_add_(0, self.token_ids, self.probs)
+
+
+@dataclass
+class Verdict:
+    """Outcome of verifying one path: ``accepted`` drafted tokens kept, then ``emitted`` tokens (kept + one more)."""
+
+    accepted: int
+    emitted: list[int]
+
+
+def verify_greedy(path: list[int], target_choice: Callable[[int], int]) -> Verdict:
+    """Keep drafted tokens while they equal ``target_choice(i)`` (the target's argmax at position ``i``)."""
+    for position, token in enumerate(path):
+        choice = target_choice(position)
+        if choice != token:
+            return Verdict(position, path[:position] + [choice])
+    return Verdict(len(path), path + [target_choice(len(path))])
+
+
+def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``max(p - q, 0)`` normalised; falls back to ``p`` if the residual vanishes numerically (p == q)."""
+    residual = (p - q).clamp_min(0)
+    total = residual.sum()
+    return residual / total if total > 0 else p
+
+
+def verify_sampled(
+    path: list[int],
+    draft_distributions: list[SparseDistribution],
+    target_probs: Callable[[int], torch.Tensor],
+    generator: torch.Generator | None = None,
+) -> Verdict:
+    """Speculative sampling of one path.
+
+    Args:
+        path: drafted tokens, ``path[i] ~ draft_distributions[i]``.
+        draft_distributions: the distribution each drafted token was actually sampled from.
+        target_probs: ``target_probs(i)`` is the target's processed distribution (dense ``[vocab]``, float) at
+            position ``i``, given the prompt and ``path[:i]``; called for ``i = 0 .. accepted``.
+        generator: random source (``None``: torch's global generator, so ``torch.manual_seed`` reproduces runs).
+    """
+    device = draft_distributions[0].probs.device if draft_distributions else None
+    for position, (token, q) in enumerate(zip(path, draft_distributions, strict=True)):
+        p = target_probs(position)
+        ratio = float(p[token]) / q.prob_of(token)
+        if float(torch.rand((), generator=generator, device=device)) < ratio:
+            continue
+        replacement = torch.multinomial(residual_distribution(p, q.dense(p.shape[-1]).to(p.dtype)), 1, generator=generator)
+        return Verdict(position, path[:position] + [int(replacement)])
+    bonus = torch.multinomial(target_probs(len(path)), 1, generator=generator)
+    return Verdict(len(path), path + [int(bonus)])
