@@ -55,6 +55,7 @@ class DFlashStats:
         return sum(self.acceptance_lengths) + 1
 
 
+@dataclass
 class DFlashGenerateOutput(GenerateDecoderOnlyOutput):
     """``GenerateDecoderOnlyOutput`` with the call's :class:`DFlashStats` (``return_dict_in_generate=True``)."""
 

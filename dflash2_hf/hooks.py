@@ -55,6 +55,11 @@ def _wrap_validate(original):
         drafter = generation_mode_kwargs.get("assistant_model")
         if not _uses_dflash(drafter, generation_config):
             return original(self, generation_mode, generation_config, generation_mode_kwargs)
+        if generation_mode != GenerationMode.ASSISTED_GENERATION:
+            raise ValueError(
+                f"A DFlash drafter drafts for greedy decoding and sampling only; these settings select {generation_mode}"
+                " (e.g. num_beams > 1), which would ignore the drafter."
+            )
         if generation_mode_kwargs.get("assistant_tokenizer") is not None:
             raise ValueError("A DFlash drafter shares the target's tokenizer; do not pass `assistant_tokenizer`.")
         drafter.config.check_fits_target(self.config, self.get_output_embeddings().weight.shape[0])

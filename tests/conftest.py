@@ -19,15 +19,26 @@ TINY_VOCAB, TINY_HIDDEN, TINY_TARGET_LAYERS = 96, 64, 4
 TARGET_CONFIGS = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
 
 
-def tiny_target(arch: str = "qwen3", seed: int = 0) -> torch.nn.Module:
+def randomize(model: torch.nn.Module, seed: int, scale: float = 0.2) -> torch.nn.Module:
+    """Give every parameter (norm gains around 1) random values, so no component is the identity and the model's
+    next-token distributions are peaked rather than uniform."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator)
+            parameter.copy_(1 + 0.1 * noise if name.endswith("norm.weight") else scale * noise)
+    return model
+
+
+def tiny_target(arch: str = "qwen3", seed: int = 0, vocab_size: int = TINY_VOCAB) -> torch.nn.Module:
     """A tiny random causal LM of a real transformers architecture."""
-    torch.manual_seed(seed)
     config = TARGET_CONFIGS[arch](
-        vocab_size=TINY_VOCAB, hidden_size=TINY_HIDDEN, intermediate_size=128, num_hidden_layers=TINY_TARGET_LAYERS,
+        vocab_size=vocab_size, hidden_size=TINY_HIDDEN, intermediate_size=128, num_hidden_layers=TINY_TARGET_LAYERS,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
         tie_word_embeddings=False,
     )
-    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    return randomize(model, seed)
 
 
 def tiny_drafter_config(kind: str = "dflash2", **overrides) -> DFlashConfig:
@@ -46,14 +57,7 @@ def tiny_drafter_config(kind: str = "dflash2", **overrides) -> DFlashConfig:
 def tiny_drafter(kind: str = "dflash2", seed: int = 0, **overrides) -> DFlashDraftModel:
     """A tiny drafter with every parameter random (convolutions included, so no component is the identity)."""
     config = tiny_drafter_config(kind, **overrides)
-    torch.manual_seed(seed)
-    model = DFlashDraftModel.class_for_config(config)(config).eval()
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            noise = torch.randn(parameter.shape, generator=generator)
-            parameter.copy_(1 + 0.1 * noise if name.endswith("norm.weight") else 0.2 * noise)
-    return model
+    return randomize(DFlashDraftModel.class_for_config(config)(config).eval(), seed)
 
 
 @pytest.fixture(autouse=True)

