@@ -1,0 +1,118 @@
+"""Sampling with a drafter has exactly the target's output distribution.
+
+Setup: a tiny random target over a 5-token vocabulary, a tiny random DFlash 2 drafter (its selector distribution q is
+far from the target's p), blocks of 3 (2 drafted tokens per cycle) and 4 new tokens, so outputs pass through
+acceptance, rejection at either drafted position, residual resampling and bonus tokens.
+
+For each sampling setting we compute the exact distribution of the 625 possible continuations from plain `generate`'s
+own processed scores, draw N continuations with the drafter, and run a chi-square goodness-of-fit test (cells with
+expected count < 5 pooled). With N = 1000 the negative control (keep every drafted token) is rejected at
+p < 1e-200 in every setting (we require < 1e-6), while the real decoder must pass at p > 1e-3; seeds are fixed, so
+the outcome is reproducible.
+"""
+
+import itertools
+
+import pytest
+import torch
+from conftest import tiny_drafter, tiny_target
+from scipy.stats import chisquare
+
+from dflash2_hf import decoding
+from dflash2_hf.verification import Verdict
+
+VOCAB, NEW_TOKENS, SAMPLES = 5, 4, 1000
+PROMPT = torch.tensor([[1, 3, 2, 0]])
+SETTINGS = {
+    "temperature 1": dict(temperature=1.0),
+    "temperature 0.7, top-k 3": dict(temperature=0.7, top_k=3),
+    "temperature 1.3, top-p 0.8, repetition penalty 1.5": dict(temperature=1.3, top_p=0.8, repetition_penalty=1.5),
+}
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_target("qwen3", seed=2, vocab_size=VOCAB)
+    drafter = tiny_drafter("dflash2", seed=3, vocab_size=VOCAB, mask_token_id=VOCAB - 1, block_size=3, selector_top_k=3)
+    return target, drafter
+
+
+def exact_distribution(target, settings) -> dict[tuple[int, ...], float]:
+    """P(continuation) under plain sampling, from the processed scores plain `generate` itself samples from."""
+
+    def next_probs(prefix: tuple[int, ...]) -> torch.Tensor:
+        inputs = torch.cat([PROMPT, torch.tensor([prefix], dtype=torch.long)], dim=1) if prefix else PROMPT
+        out = target.generate(inputs, max_new_tokens=1, do_sample=True, return_dict_in_generate=True,
+                              output_scores=True, top_k=settings.get("top_k", 0), **_without_top_k(settings))
+        return torch.softmax(out.scores[0][0].double(), dim=-1)
+
+    probs, cache = {}, {}
+    for continuation in itertools.product(range(VOCAB), repeat=NEW_TOKENS):
+        total = 1.0
+        for i, token in enumerate(continuation):
+            prefix = continuation[:i]
+            if prefix not in cache:
+                cache[prefix] = next_probs(prefix)
+            total *= float(cache[prefix][token])
+        probs[continuation] = total
+    return probs
+
+
+def _without_top_k(settings):
+    return {k: v for k, v in settings.items() if k != "top_k"}
+
+
+def sample_with_drafter(target, drafter, settings, seed=0) -> tuple[list[tuple[int, ...]], list[int]]:
+    """N continuations sampled with the drafter, and the acceptance length of every cycle."""
+    torch.manual_seed(seed)
+    draws, acceptance = [], []
+    for _ in range(SAMPLES):
+        out = target.generate(PROMPT, max_new_tokens=NEW_TOKENS, do_sample=True, assistant_model=drafter,
+                              top_k=settings.get("top_k", 0), **_without_top_k(settings))
+        draws.append(tuple(out[0, PROMPT.shape[1]:].tolist()))
+        acceptance += drafter.last_generation_stats.acceptance_lengths
+    return draws, acceptance
+
+
+def goodness_of_fit(draws, exact) -> float:
+    """Chi-square p-value of the draws against the exact distribution, pooling cells expected below 5."""
+    counts = {key: 0 for key in exact}
+    for draw in draws:
+        counts[draw] += 1
+    big = [key for key in exact if exact[key] * len(draws) >= 5]
+    small = [key for key in exact if key not in big]
+    observed = [counts[key] for key in big] + [sum(counts[key] for key in small)]
+    expected = [exact[key] * len(draws) for key in big] + [sum(exact[key] for key in small) * len(draws)]
+    scale = len(draws) / sum(expected)  # remove float rounding so the totals match
+    return float(chisquare(observed, [e * scale for e in expected]).pvalue)
+
+
+def accept_every_draft(path, distributions, target_probs, generator=None):
+    """Negative control: keep every drafted token (no rejection), then a bonus token from the target."""
+    bonus = torch.multinomial(target_probs(len(path)), 1)
+    return Verdict(len(path), path + [int(bonus)])
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_sampled_continuations_follow_the_target_distribution(models, setting, monkeypatch):
+    target, drafter = models
+    settings = SETTINGS[setting]
+    exact = exact_distribution(target, settings)
+    assert sum(exact.values()) == pytest.approx(1.0, abs=1e-9)
+
+    draws, acceptance = sample_with_drafter(target, drafter, settings)
+    assert {1, 2, 3} <= set(acceptance), "rejections at both drafted positions and fully accepted blocks all occur"
+    assert goodness_of_fit(draws, exact) > 1e-3
+
+    monkeypatch.setattr(decoding, "verify_sampled", accept_every_draft)
+    control, _ = sample_with_drafter(target, drafter, settings)
+    assert goodness_of_fit(control, exact) < 1e-6, "the test must be able to detect a biased decoder"
+
+
+def test_same_seed_gives_the_same_output(models):
+    target, drafter = models
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(11)
+        runs.append(target.generate(PROMPT, max_new_tokens=12, do_sample=True, assistant_model=drafter))
+    assert torch.equal(*runs)
