@@ -160,7 +160,15 @@ class GroupedDynamicConv(nn.Module):
         self.base_kernel = nn.Parameter(torch.empty(2, kernel_size, hidden_size))
         self.kernel_projection = nn.Linear(hidden_size, 2 * kernel_size * self.groups, bias=False)
 
-    def _convolve(self, hidden: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    def _convolve(
+        self, hidden: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor, block_length: int | None = None
+    ) -> torch.Tensor:
+        if block_length is not None and block_length != hidden.shape[1]:
+            # Several blocks side by side (training): convolve each block on its own, nothing leaks across.
+            batch, length, hidden_size = hidden.shape
+            blocks = hidden.reshape(batch * (length // block_length), block_length, hidden_size)
+            kernels = dynamic.reshape(blocks.shape[0], block_length, *dynamic.shape[2:])
+            return self._convolve(blocks, kernels, base).reshape(batch, length, hidden_size)
         batch, length, hidden_size = hidden.shape
         taps = torch.stack(
             [F.pad(hidden[:, : length - tap], (0, 0, tap, 0)) for tap in range(self.kernel_size)], dim=2
@@ -168,12 +176,12 @@ class GroupedDynamicConv(nn.Module):
         weight = base.view(1, 1, self.kernel_size, self.groups, self.group_size).to(hidden.dtype) + dynamic[..., None]
         return (weight * taps).sum(dim=2).view(batch, length, hidden_size)
 
-    def prepare(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def prepare(self, hidden: torch.Tensor, block_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         dynamic = self.kernel_projection(hidden).view(*hidden.shape[:-1], 2, self.kernel_size, self.groups)
-        return self._convolve(hidden, dynamic[..., 0, :, :], self.base_kernel[0]), dynamic[..., 1, :, :]
+        return self._convolve(hidden, dynamic[..., 0, :, :], self.base_kernel[0], block_length), dynamic[..., 1, :, :]
 
-    def finish(self, hidden: torch.Tensor, dynamic: torch.Tensor) -> torch.Tensor:
-        return self._convolve(hidden, dynamic, self.base_kernel[1])
+    def finish(self, hidden: torch.Tensor, dynamic: torch.Tensor, block_length: int | None = None) -> torch.Tensor:
+        return self._convolve(hidden, dynamic, self.base_kernel[1], block_length)
 
 
 class DFlashDecoderLayer(nn.Module):
@@ -192,17 +200,21 @@ class DFlashDecoderLayer(nn.Module):
             self.attention_conv = self.mlp_conv = None
 
     @staticmethod
-    def _sublayer(conv: GroupedDynamicConv | None, sublayer, hidden: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    def _sublayer(
+        conv: GroupedDynamicConv | None, sublayer, hidden: torch.Tensor, block_length: int | None, **kwargs: Any
+    ) -> torch.Tensor:
         if conv is None:
             return sublayer(hidden, **kwargs)
-        hidden, second_stage = conv.prepare(hidden)
-        return conv.finish(sublayer(hidden, **kwargs), second_stage)
+        hidden, second_stage = conv.prepare(hidden, block_length)
+        return conv.finish(sublayer(hidden, **kwargs), second_stage, block_length)
 
-    def forward(self, hidden_states: torch.Tensor, **attention_kwargs: Any) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, block_length: int | None = None, **attention_kwargs: Any) -> torch.Tensor:
         hidden_states = hidden_states + self._sublayer(
-            self.attention_conv, self.self_attn, self.input_layernorm(hidden_states), **attention_kwargs
+            self.attention_conv, self.self_attn, self.input_layernorm(hidden_states), block_length, **attention_kwargs
         )
-        return hidden_states + self._sublayer(self.mlp_conv, self.mlp, self.post_attention_layernorm(hidden_states))
+        return hidden_states + self._sublayer(
+            self.mlp_conv, self.mlp, self.post_attention_layernorm(hidden_states), block_length
+        )
 
 
 class CandidateSelector(nn.Module):
@@ -359,6 +371,7 @@ class DFlashDraftModel(DFlashPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
+        block_length: int | None = None,
         **kwargs: Any,
     ) -> BaseModelOutputWithPast:
         """Run the drafter over one block (or, in training, many blocks) of embeddings.
@@ -374,6 +387,8 @@ class DFlashDraftModel(DFlashPreTrainedModel):
                 ``[batch, keys]`` padding mask combined with the default.
             cache: cache of earlier context keys/values. It receives this call's context *and* block keys;
                 the caller crops the block away before the next call.
+            block_length: with several blocks side by side (training), the length of each, so DFlash 2's
+                convolutions stay inside their block; ``None`` for one block.
         """
         if attention_mask is not None and attention_mask.dim() == 2:
             # A 2D padding mask over [cached + context + block] keys, as transformers' DFlash generator passes it.
@@ -394,6 +409,7 @@ class DFlashDraftModel(DFlashPreTrainedModel):
                 position_embeddings=position_embeddings,
                 attention_mask=attention_mask,
                 cache=cache,
+                block_length=block_length,
                 **kwargs,
             )
         return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), cache=cache)

@@ -1,0 +1,93 @@
+"""Training checkpoints in safetensors + JSON (no pickle), written to a temporary folder and renamed into place.
+
+A checkpoint folder ``step-000123`` holds ``model.safetensors`` (the trainable weights), ``optimizer.safetensors``
+(every optimizer state tensor, flattened), ``rng.safetensors`` and ``state.json`` (step, optimizer parameter
+groups, scheduler state, anything JSON-able the trainer adds). A stop at any moment leaves either the previous
+complete checkpoint or the new one, never a partial folder under the final name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+PREFIX = "step-"
+
+
+def _flatten_optimizer(state: dict) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    tensors = {}
+    for index, values in state["state"].items():
+        for name, value in values.items():
+            tensor = value if torch.is_tensor(value) else torch.tensor(value)
+            tensors[f"{index}.{name}"] = tensor.detach().contiguous().cpu()
+    return tensors, state["param_groups"]
+
+
+def _unflatten_optimizer(tensors: dict[str, torch.Tensor], param_groups: list[dict]) -> dict:
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = tensor
+    return {"state": state, "param_groups": param_groups}
+
+
+def save_checkpoint(
+    folder: str | os.PathLike,
+    step: int,
+    model_state: dict[str, torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    extra: dict[str, Any] | None = None,
+    keep: int = 2,
+) -> Path:
+    """Write checkpoint ``step`` under ``folder`` atomically and keep only the newest ``keep`` checkpoints."""
+    folder = Path(folder)
+    final = folder / f"{PREFIX}{step:06d}"
+    temporary = folder / f".{final.name}.tmp"
+    shutil.rmtree(temporary, ignore_errors=True)
+    temporary.mkdir(parents=True)
+    save_file({k: v.detach().contiguous().cpu() for k, v in model_state.items()}, temporary / "model.safetensors")
+    optimizer_tensors, param_groups = _flatten_optimizer(optimizer.state_dict())
+    save_file(optimizer_tensors, temporary / "optimizer.safetensors")
+    save_file({"torch": torch.get_rng_state()}, temporary / "rng.safetensors")
+    state = {"step": step, "param_groups": param_groups, "scheduler": scheduler.state_dict(), "extra": extra or {}}
+    (temporary / "state.json").write_text(json.dumps(state, indent=2))
+    for path in temporary.iterdir():
+        with open(path, "rb") as handle:
+            os.fsync(handle.fileno())
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(temporary, final)
+    for old in sorted(folder.glob(f"{PREFIX}*"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(folder: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint under ``folder``, or ``None``."""
+    found = sorted(p for p in Path(folder).glob(f"{PREFIX}*") if (p / "state.json").exists())
+    return found[-1] if found else None
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> dict[str, Any]:
+    """Restore model weights, optimizer, scheduler and RNG; returns the saved ``state.json`` content."""
+    path = Path(path)
+    state = json.loads((path / "state.json").read_text())
+    missing, unexpected = model.load_state_dict(load_file(path / "model.safetensors"), strict=False)
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    if unexpected or trainable & set(missing):
+        raise ValueError(f"Checkpoint {path} does not match the model: missing {sorted(trainable & set(missing))}, unexpected {unexpected}")
+    optimizer.load_state_dict(_unflatten_optimizer(load_file(path / "optimizer.safetensors"), state["param_groups"]))
+    scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(load_file(path / "rng.safetensors")["torch"])
+    return state

@@ -1,0 +1,313 @@
+"""Training DFlash / DFlash 2 drafters for any transformers causal LM.
+
+Each step takes a few target-generated sequences, runs the frozen target once to get the features at
+``target_layer_ids``, and packs many blocks per sequence: block ``j`` starts at a random anchor ``a_j`` in the
+response, its queries are ``[token a_j, mask, ...]`` and it attends to the context features of tokens ``< a_j`` and to
+its own block only (an explicit attention mask; DFlash 2's convolutions stay inside each block). Losses:
+
+* drafter: cross-entropy of the target's next tokens at block positions ``k = 1 .. B-1``, weighted by
+  ``exp(-(k - 1) / gamma)`` (early positions matter most: a miss there ends the accepted prefix);
+* selector (DFlash 2): a K-way cross-entropy over the top-K candidates at each position, scored against the true
+  predecessor (teacher forcing), with the gold token put into the candidate set when the drafter missed it.
+
+The loop uses ``accelerate`` (one process, or ``accelerate launch --num_processes N`` for DDP), AdamW with warmup +
+cosine decay, gradient clipping and bf16 autocast, and resumes bit-for-bit from its latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from tqdm.auto import tqdm
+
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .modeling import DFlashConfig, DFlashDraftModel, spread_target_layer_ids
+
+IGNORE = -100
+
+
+@dataclass
+class TrainingConfig:
+    """Settings of one training run (recorded next to its checkpoints)."""
+
+    output_dir: str
+    steps: int = 1000
+    batch_size: int = 4
+    blocks_per_sequence: int = 16
+    max_length: int = 512
+    learning_rate: float = 6e-4
+    warmup_steps: int = 50
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    loss_decay_gamma: float = 7.0
+    selector_weight: float = 1.0
+    train_drafter: bool = True
+    checkpoint_every: int = 50
+    seed: int = 0
+    bf16: bool = True
+
+
+def drafter_config_for(
+    target_config,
+    mask_token_id: int,
+    num_layers: int = 2,
+    num_taps: int = 3,
+    block_size: int = 16,
+    selector_rank: int | None = 64,
+    selector_top_k: int = 16,
+    intermediate_size: int | None = None,
+) -> DFlashConfig:
+    """A drafter config derived from the target: its width, heads, RoPE and special tokens, taps spread evenly."""
+    text = target_config.get_text_config()
+    dflash2 = selector_rank is not None
+    return DFlashConfig(
+        vocab_size=text.vocab_size,
+        hidden_size=text.hidden_size,
+        intermediate_size=intermediate_size or text.intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=text.num_attention_heads,
+        num_key_value_heads=text.num_key_value_heads,
+        head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
+        rms_norm_eps=text.rms_norm_eps,
+        rope_parameters=dict(text.rope_parameters),
+        max_position_embeddings=text.max_position_embeddings,
+        num_target_layers=text.num_hidden_layers,
+        target_layer_ids=spread_target_layer_ids(text.num_hidden_layers, num_taps),
+        block_size=block_size,
+        mask_token_id=mask_token_id,
+        conv_kernel_size=2 if dflash2 else None,
+        conv_group_size=16 if dflash2 else None,
+        selector_rank=selector_rank,
+        selector_top_k=selector_top_k,
+        bos_token_id=text.bos_token_id,
+        eos_token_id=text.eos_token_id,
+        pad_token_id=text.pad_token_id,
+    )
+
+
+@dataclass
+class BlockBatch:
+    """Padded sequences with their sampled blocks."""
+
+    input_ids: torch.Tensor  # [b, T]
+    attention_mask: torch.Tensor  # [b, T]
+    anchors: torch.Tensor  # [b, n]; -1 marks an unused block slot
+    labels: torch.Tensor  # [b, n, B]; position 0 holds the anchor token, IGNORE where there is no target token
+
+
+def sample_blocks(
+    sequences: list[dict], block_size: int, blocks_per_sequence: int, max_length: int, generator: torch.Generator
+) -> BlockBatch:
+    """Pick random anchors in each response and build the block labels (the target's own next tokens)."""
+    rows = [(r["prompt_ids"] + r["response_ids"])[:max_length] for r in sequences]
+    length = max(len(r) for r in rows)
+    input_ids = torch.zeros(len(rows), length, dtype=torch.long)
+    attention_mask = torch.zeros(len(rows), length, dtype=torch.long)
+    anchors = torch.full((len(rows), blocks_per_sequence), -1, dtype=torch.long)
+    labels = torch.full((len(rows), blocks_per_sequence, block_size), IGNORE, dtype=torch.long)
+    for row, (ids, record) in enumerate(zip(rows, sequences)):
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        attention_mask[row, : len(ids)] = 1
+        first = max(len(record["prompt_ids"]) - 1, 1)  # the last prompt token anchors the first response block
+        candidates = torch.arange(first, len(ids) - 1)
+        if len(candidates) == 0:
+            continue
+        chosen = candidates[torch.randperm(len(candidates), generator=generator)[:blocks_per_sequence]].sort().values
+        for slot, anchor in enumerate(chosen.tolist()):
+            anchors[row, slot] = anchor
+            span = ids[anchor : anchor + block_size]
+            labels[row, slot, : len(span)] = torch.tensor(span)
+    return BlockBatch(input_ids, attention_mask, anchors, labels)
+
+
+def block_attention(anchors: torch.Tensor, context_mask: torch.Tensor, block_size: int) -> torch.Tensor:
+    """``[b, 1, n*B, T + n*B]`` boolean mask: block ``j`` sees context tokens before its anchor and its own block."""
+    batch, blocks = anchors.shape
+    length = context_mask.shape[1]
+    query_block = torch.arange(blocks).repeat_interleave(block_size)
+    sees_context = torch.arange(length)[None, None, :] < anchors[:, :, None]
+    sees_context = sees_context & context_mask.bool()[:, None, :]
+    sees_context = sees_context.repeat_interleave(block_size, dim=1)
+    sees_block = (query_block[:, None] == query_block[None, :]).expand(batch, -1, -1)
+    return torch.cat([sees_context, sees_block], dim=-1)[:, None]
+
+
+def block_positions(anchors: torch.Tensor, context_length: int, block_size: int) -> torch.Tensor:
+    """Positions of the context tokens followed by every block's tokens (``a_j .. a_j + B - 1``)."""
+    batch = anchors.shape[0]
+    context = torch.arange(context_length).expand(batch, -1)
+    blocks = (anchors.clamp_min(0)[:, :, None] + torch.arange(block_size)).reshape(batch, -1)
+    return torch.cat([context, blocks], dim=1)
+
+
+def position_weights(block_size: int, gamma: float) -> torch.Tensor:
+    """Loss weight of drafted positions ``k = 1 .. B-1``: ``exp(-(k - 1) / gamma)``."""
+    return torch.exp(-torch.arange(block_size - 1, dtype=torch.float32) / gamma)
+
+
+def selector_loss(drafter: DFlashDraftModel, hidden: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """K-way cross-entropy of the gold token among the top-K candidates, given the gold predecessor.
+
+    ``hidden`` / ``logits``: drafted positions ``[N, B-1, ...]``; ``labels``: ``[N, B]`` with the anchor at 0.
+    """
+    selector = drafter.candidate_selector
+    gold, predecessors = labels[:, 1:], labels[:, :-1]
+    valid = (gold != IGNORE) & (predecessors != IGNORE)
+    candidate_logits, candidates = torch.topk(logits.detach().float(), selector.top_k, dim=-1)
+    safe_gold = gold.clamp_min(0)
+    missing = ~(candidates == safe_gold[..., None]).any(-1)
+    candidates[..., -1] = torch.where(missing, safe_gold, candidates[..., -1])
+    candidate_logits = logits.detach().float().gather(-1, candidates)
+    scores = selector.pair_scores(hidden, predecessors.clamp_min(0)[..., None], candidates, candidate_logits)[..., 0, :]
+    target_index = (candidates == safe_gold[..., None]).float().argmax(-1)
+    losses = F.cross_entropy(scores.float().flatten(0, 1), target_index.flatten(), reduction="none")
+    return (losses * valid.flatten()).sum() / valid.sum().clamp_min(1)
+
+
+@dataclass
+class StepMetrics:
+    loss: float
+    drafter_loss: float
+    selector_loss: float
+    accuracy_by_position: list[float] = field(default_factory=list)
+
+
+class DrafterTrainer:
+    """Trains a drafter for a frozen target on cached target responses (see the module docstring)."""
+
+    def __init__(self, drafter: DFlashDraftModel, target: torch.nn.Module, records: list[dict], config: TrainingConfig):
+        self.config = config
+        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="bf16" if config.bf16 else "no")
+        self.target = target.eval().requires_grad_(False).to(self.accelerator.device)
+        self.records = records
+        self.output_dir = Path(config.output_dir)
+        drafter.requires_grad_(True)
+        if not config.train_drafter:
+            drafter.requires_grad_(False)
+            drafter.candidate_selector.requires_grad_(True)
+        trainable = [p for p in drafter.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self._lr_factor)
+        self.drafter, self.optimizer, self.scheduler = self.accelerator.prepare(drafter, optimizer, scheduler)
+        self.weights = position_weights(drafter.config.block_size, config.loss_decay_gamma)
+        self.step = 0
+        self.history: list[dict] = []
+
+    def _lr_factor(self, step: int) -> float:
+        if step < self.config.warmup_steps:
+            return (step + 1) / self.config.warmup_steps
+        progress = (step - self.config.warmup_steps) / max(1, self.config.steps - self.config.warmup_steps)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    @property
+    def unwrapped(self) -> DFlashDraftModel:
+        return self.accelerator.unwrap_model(self.drafter)
+
+    def batch_for_step(self, step: int) -> BlockBatch:
+        """The deterministic batch of ``step`` for this process (so a resumed run sees the same data)."""
+        generator = torch.Generator().manual_seed(self.config.seed * 1_000_003 + step)
+        rows = torch.randint(0, len(self.records), (self.config.batch_size,), generator=generator).tolist()
+        mine = rows[self.accelerator.process_index :: self.accelerator.num_processes]
+        drafter = self.unwrapped
+        return sample_blocks([self.records[i] for i in mine], drafter.block_size, self.config.blocks_per_sequence,
+                             self.config.max_length, generator)
+
+    @torch.no_grad()
+    def target_features(self, batch: BlockBatch) -> torch.Tensor:
+        output = self.target(input_ids=batch.input_ids.to(self.accelerator.device),
+                             attention_mask=batch.attention_mask.to(self.accelerator.device),
+                             output_hidden_states=[i + 1 for i in self.unwrapped.target_layer_ids], logits_to_keep=1)
+        return torch.cat([output.hidden_states[i + 1] for i in self.unwrapped.target_layer_ids], dim=-1)
+
+    def losses(self, batch: BlockBatch) -> tuple[torch.Tensor, StepMetrics]:
+        """Forward pass and losses for one batch."""
+        drafter, device = self.unwrapped, self.accelerator.device
+        block = drafter.block_size
+        features = self.target_features(batch).to(torch.float32)
+        batch_size, blocks = batch.anchors.shape
+        noise_ids = torch.full((batch_size, blocks, block), drafter.mask_token_id, dtype=torch.long)
+        noise_ids[:, :, 0] = batch.labels[:, :, 0].clamp_min(0)
+        embeds = self.target.get_input_embeddings()(noise_ids.flatten(1).to(device)).float()
+        embeds = embeds * float(drafter.config.input_embedding_scale)
+        with self.accelerator.autocast():
+            hidden = self.drafter(
+                embeds,
+                context_hidden_states=features,
+                position_ids=block_positions(batch.anchors, features.shape[1], block).to(device),
+                attention_mask=block_attention(batch.anchors, batch.attention_mask, block).to(device),
+                block_length=block,
+            ).last_hidden_state
+            hidden = hidden.view(batch_size * blocks, block, -1)[:, 1:]
+            logits = drafter.compute_logits(hidden, self.target.get_output_embeddings()).float()
+        labels = batch.labels.view(batch_size * blocks, block).to(device)
+        gold = labels[:, 1:]
+        valid = gold != IGNORE
+        token_losses = F.cross_entropy(logits.flatten(0, 1), gold.clamp_min(0).flatten(), reduction="none").view_as(gold)
+        weights = self.weights.to(device)[None, :] * valid
+        drafter_loss = (token_losses * weights).sum() / weights.sum().clamp_min(1e-6)
+        select = torch.zeros((), device=device)
+        if drafter.candidate_selector is not None and self.config.selector_weight > 0:
+            with self.accelerator.autocast():
+                select = selector_loss(drafter, hidden if self.config.train_drafter else hidden.detach(), logits, labels)
+        loss = (drafter_loss if self.config.train_drafter else 0.0) + self.config.selector_weight * select
+        correct = (logits.argmax(-1) == gold) & valid
+        accuracy = (correct.sum(0) / valid.sum(0).clamp_min(1)).tolist()
+        return loss, StepMetrics(float(loss.detach()), float(drafter_loss.detach()), float(select.detach()), accuracy)
+
+    def resume(self) -> None:
+        """Continue from the newest checkpoint in ``output_dir``, if there is one."""
+        found = latest_checkpoint(self.output_dir)
+        if found is None:
+            return
+        state = load_checkpoint(found, self.unwrapped, self.optimizer, self.scheduler)
+        self.step = state["step"]
+        self.history = state["extra"].get("history", [])
+
+    def save(self) -> None:
+        if self.accelerator.is_main_process:
+            save_checkpoint(self.output_dir, self.step, self.unwrapped.state_dict(), self.optimizer, self.scheduler,
+                            extra={"history": self.history, "config": asdict(self.config)})
+        self.accelerator.wait_for_everyone()
+
+    def train(self) -> list[dict]:
+        """Run (or finish) the configured number of steps; returns the per-step history."""
+        self.resume()
+        self.drafter.train()
+        progress = tqdm(total=self.config.steps, initial=self.step, desc="training", unit="step",
+                        disable=not self.accelerator.is_main_process)
+        while self.step < self.config.steps:
+            started = time.perf_counter()
+            loss, metrics = self.losses(self.batch_for_step(self.step))
+            self.accelerator.backward(loss)
+            self.accelerator.clip_grad_norm_(self.drafter.parameters(), self.config.max_grad_norm)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad()
+            self.step += 1
+            self.history.append({"step": self.step, "seconds": time.perf_counter() - started,
+                                 "lr": self.scheduler.get_last_lr()[0], **asdict(metrics)})
+            progress.update(1)
+            progress.set_postfix(loss=f"{metrics.loss:.3f}", acc1=f"{metrics.accuracy_by_position[0]:.2f}")
+            if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps:
+                self.save()
+        progress.close()
+        return self.history
+
+    def export(self, folder: str | Path) -> None:
+        """Save the trained drafter (bf16 safetensors) with its training record."""
+        if not self.accelerator.is_main_process:
+            return
+        folder = Path(folder)
+        drafter = self.unwrapped
+        drafter.to(torch.bfloat16).save_pretrained(folder)
+        drafter.to(torch.float32)
+        budget = {"steps": self.step, "sequences": self.step * self.config.batch_size,
+                  "cpu_seconds": sum(h["seconds"] for h in self.history)}
+        (folder / "training.json").write_text(json.dumps({"config": asdict(self.config), "budget": budget}, indent=2))

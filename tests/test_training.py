@@ -1,0 +1,161 @@
+"""Training recipe: loss goes down, resuming is exact, the selector loss and block masks are right, data parsing
+survives truncated files."""
+
+import json
+
+import pytest
+import torch
+from conftest import tiny_drafter_config, tiny_target
+
+from dflash2_hf import DFlashDraftModel
+from dflash2_hf.data import iter_conversations, training_prompts
+from dflash2_hf.modeling import GroupedDynamicConv
+from dflash2_hf.training import (
+    IGNORE,
+    DrafterTrainer,
+    TrainingConfig,
+    block_attention,
+    position_weights,
+    sample_blocks,
+    selector_loss,
+)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target("qwen3")
+
+
+@pytest.fixture(scope="module")
+def records(target):
+    """Sequences the target itself generated, as the data step makes them."""
+    generator = torch.Generator().manual_seed(0)
+    rows = []
+    for _ in range(12):
+        prompt = torch.randint(0, 90, (1, 6), generator=generator)
+        output = target.generate(prompt, max_new_tokens=40, do_sample=True, temperature=0.5)
+        rows.append({"prompt_ids": prompt[0].tolist(), "response_ids": output[0, 6:].tolist()})
+    return rows
+
+
+def new_drafter(kind="dflash2"):
+    config = tiny_drafter_config(kind)
+    torch.manual_seed(0)
+    return DFlashDraftModel.class_for_config(config)(config)
+
+
+def trainer(target, records, folder, steps, **overrides):
+    config = TrainingConfig(output_dir=str(folder), steps=steps, batch_size=4, blocks_per_sequence=4, warmup_steps=5,
+                            learning_rate=3e-3, checkpoint_every=5, **overrides)
+    return DrafterTrainer(new_drafter(), target, records, config)
+
+
+def test_a_few_steps_reduce_drafter_and_selector_losses(target, records, tmp_path):
+    history = trainer(target, records, tmp_path, steps=40).train()
+    first = sum(h["drafter_loss"] for h in history[:5]) / 5
+    last = sum(h["drafter_loss"] for h in history[-5:]) / 5
+    assert last < 0.8 * first
+    assert sum(h["selector_loss"] for h in history[-5:]) < sum(h["selector_loss"] for h in history[:5])
+
+
+def test_resuming_after_a_stop_gives_the_same_state_as_an_unbroken_run(target, records, tmp_path):
+    unbroken = trainer(target, records, tmp_path / "unbroken", steps=10)
+    unbroken.train()
+    trainer(target, records, tmp_path / "stopped", steps=5).train()  # "killed" after its step-5 checkpoint
+    resumed = trainer(target, records, tmp_path / "stopped", steps=10)
+    resumed.train()
+    assert resumed.step == 10
+    for (name, a), (_, b) in zip(unbroken.unwrapped.state_dict().items(), resumed.unwrapped.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_frozen_drafter_trains_only_the_selector(target, records, tmp_path):
+    run = trainer(target, records, tmp_path, steps=3, train_drafter=False)
+    before = {k: v.clone() for k, v in run.unwrapped.state_dict().items()}
+    run.train()
+    after = run.unwrapped.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(k.startswith("candidate_selector.") for k in changed)
+
+
+def test_selector_loss_on_a_hand_built_case():
+    drafter = new_drafter()
+    selector = drafter.candidate_selector
+    with torch.no_grad():
+        selector.hidden_projection.weight.zero_()  # no pair term: scores are the drafter's logits
+    logits = torch.full((1, 2, 96), -10.0)
+    logits[0, 0, [5, 6, 7, 8]] = torch.tensor([4.0, 3.0, 2.0, 1.0])
+    logits[0, 1, [1, 2, 3, 4]] = torch.tensor([4.0, 3.0, 2.0, 1.0])
+    labels = torch.tensor([[9, 6, 50]])  # anchor 9; gold 6 is candidate #2; gold 50 is not in the top 4
+    hidden = torch.zeros(1, 2, 64)
+    loss = selector_loss(drafter, hidden, logits, labels)
+    first = -torch.log_softmax(torch.tensor([4.0, 3.0, 2.0, 1.0]), 0)[1]
+    second = -torch.log_softmax(torch.tensor([4.0, 3.0, 2.0, -10.0]), 0)[3]  # gold replaces the 4th candidate
+    assert loss.item() == pytest.approx(((first + second) / 2).item(), rel=1e-5)
+
+
+def test_selector_loss_ignores_positions_without_a_gold_token():
+    drafter = new_drafter()
+    logits = torch.randn(1, 2, 96)
+    hidden = torch.randn(1, 2, 64)
+    full = selector_loss(drafter, hidden, logits, torch.tensor([[9, 6, IGNORE]]))
+    one = selector_loss(drafter, hidden[:, :1], logits[:, :1], torch.tensor([[9, 6]]))
+    torch.testing.assert_close(full, one)
+
+
+def test_blocks_see_only_context_before_their_anchor_and_their_own_block():
+    mask = block_attention(torch.tensor([[2, 4]]), torch.ones(1, 6), block_size=2)[0, 0]
+    assert mask.shape == (4, 6 + 4)
+    assert mask[0, :6].tolist() == [True, True, False, False, False, False]
+    assert mask[2, :6].tolist() == [True, True, True, True, False, False]
+    assert mask[:, 6:].tolist() == [[True, True, False, False]] * 2 + [[False, False, True, True]] * 2
+
+
+def test_sampled_blocks_start_in_the_response_and_label_the_next_tokens():
+    record = {"prompt_ids": [1, 2, 3], "response_ids": [10, 11, 12, 13]}
+    batch = sample_blocks([record], block_size=3, blocks_per_sequence=8, max_length=64, generator=torch.Generator())
+    anchors = sorted(a for a in batch.anchors[0].tolist() if a >= 0)
+    assert anchors == [2, 3, 4, 5]  # the last prompt token up to the second-to-last token
+    slot = batch.anchors[0].tolist().index(5)
+    assert batch.labels[0, slot].tolist() == [12, 13, IGNORE]
+
+
+def test_position_weights_decay_exponentially():
+    weights = position_weights(4, gamma=2.0)
+    torch.testing.assert_close(weights, torch.exp(-torch.tensor([0.0, 0.5, 1.0])))
+
+
+def test_convolution_keeps_side_by_side_blocks_apart():
+    conv = GroupedDynamicConv(64, kernel_size=2, group_size=16)
+    torch.nn.init.normal_(conv.base_kernel)
+    torch.nn.init.normal_(conv.kernel_projection.weight)
+    first, second = torch.randn(1, 4, 64), torch.randn(1, 4, 64)
+    with torch.no_grad():
+        together, _ = conv.prepare(torch.cat([first, second], dim=1), block_length=4)
+        alone, _ = conv.prepare(second)
+    torch.testing.assert_close(together[:, 4:], alone)
+
+
+def test_truncated_sharegpt_file_keeps_the_complete_conversations(tmp_path):
+    records = [{"id": str(i), "conversations": [{"from": "human", "value": f"question {i}"},
+                                                  {"from": "gpt", "value": f"answer {i}"}]} for i in range(3)]
+    text = json.dumps(records)
+    cut = text[: text.rindex("answer 2") + 3]  # cut in the middle of the last record
+    path = tmp_path / "sharegpt.json"
+    path.write_text(cut)
+    conversations = list(iter_conversations(path))
+    assert [c[0]["content"] for c in conversations] == ["question 0", "question 1"]
+    assert conversations[0][1] == {"role": "assistant", "content": "answer 0"}
+
+
+def test_jsonl_of_messages_is_read(tmp_path):
+    path = tmp_path / "chats.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}) + "\n")
+    assert list(iter_conversations(path)) == [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]]
+
+
+def test_evaluation_prompts_never_become_training_prompts():
+    conversations = [[{"role": "user", "content": "Write a haiku."}], [{"role": "user", "content": "Please solve: " + "x" * 50}],
+                     [{"role": "user", "content": "Tell me a joke."}]]
+    kept = training_prompts(conversations, limit=10, exclude=["write a  HAIKU.", "x" * 50])
+    assert kept == ["Tell me a joke."]
