@@ -50,6 +50,62 @@ def make_data(args: argparse.Namespace) -> None:
     print(f"{done} prompts answered in {args.out}")
 
 
+def train(args: argparse.Namespace) -> None:
+    """Train a drafter on cached responses (resumes from ``--out``), then export it."""
+    from pathlib import Path
+
+    from .data import read_responses
+    from .plots import training_curves
+    from .presets import load_target
+    from .training import DrafterTrainer, TrainingConfig, drafter_config_for
+
+    target, tokenizer = load_target(args.target, dtype=torch.bfloat16)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    saved_config = out / "drafter_config.json"
+    if saved_config.exists():
+        config = DFlashConfig.from_pretrained(saved_config)
+    else:
+        mask = args.mask_token_id if args.mask_token_id is not None else tokenizer.convert_tokens_to_ids(args.mask_token)
+        config = drafter_config_for(target.config, mask, num_layers=args.layers, num_taps=args.taps,
+                                    block_size=args.block_size, selector_rank=args.selector_rank or None,
+                                    intermediate_size=args.intermediate_size)
+        config.to_json_file(saved_config)
+    torch.manual_seed(args.seed)
+    drafter = DFlashDraftModel.class_for_config(config)(config)
+    records = read_responses(args.data)
+    training = TrainingConfig(output_dir=str(out), steps=args.steps, batch_size=args.batch_size,
+                              blocks_per_sequence=args.blocks, learning_rate=args.lr, warmup_steps=args.warmup,
+                              checkpoint_every=args.checkpoint_every, seed=args.seed)
+    trainer = DrafterTrainer(drafter, target, records, training)
+    history = trainer.train()
+    export = Path(args.export or out / "drafter")
+    trainer.export(export)
+    training_curves(history, export / "training_curves.png")
+    print(f"drafter saved to {export}")
+
+
+def evaluate(args: argparse.Namespace) -> None:
+    """Mean acceptance length on held-out HumanEval / MT-Bench prompts, per path and temperature."""
+    from pathlib import Path
+
+    from .evaluation import as_records, measure_acceptance, results_table
+    from .presets import load_target
+
+    dtype = getattr(torch, args.dtype)
+    target, tokenizer = load_target(args.target, dtype=dtype)
+    drafter = DFlashDraftModel.from_pretrained(args.drafter, dtype=dtype).eval()
+    results = measure_acceptance(target, tokenizer, drafter, args.paths, args.temperatures, args.prompts,
+                                 max_new_tokens=args.max_new_tokens)
+    table = results_table(results)
+    print(table)
+    if args.out:
+        command = "dflash2-hf " + " ".join(sys.argv[1:])
+        record = {"command": command, "target": args.target, "drafter": args.drafter, "dtype": args.dtype,
+                  "max_new_tokens": args.max_new_tokens, "results": as_records(results)}
+        Path(args.out).write_text(json.dumps(record, indent=2))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dflash2-hf", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -64,12 +120,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     make.add_argument("--max-new-tokens", type=int, default=256)
     make.add_argument("--temperature", type=float, default=0.0, help="0 answers greedily")
     make.add_argument("--batch-size", type=int, default=16)
+    fit = commands.add_parser("train", help="train a DFlash 2 drafter on responses made by `dflash2-hf data`")
+    fit.add_argument("--target", default="smollm2-135m")
+    fit.add_argument("--data", required=True, help="folder written by `dflash2-hf data`")
+    fit.add_argument("--out", required=True, help="run folder: checkpoints (resumed from), config, curves")
+    fit.add_argument("--export", help="where to save the trained drafter (default: OUT/drafter)")
+    fit.add_argument("--steps", type=int, default=1000)
+    fit.add_argument("--batch-size", type=int, default=4)
+    fit.add_argument("--blocks", type=int, default=16, help="blocks sampled per sequence")
+    fit.add_argument("--lr", type=float, default=6e-4)
+    fit.add_argument("--warmup", type=int, default=50)
+    fit.add_argument("--checkpoint-every", type=int, default=50)
+    fit.add_argument("--layers", type=int, default=2)
+    fit.add_argument("--taps", type=int, default=3, help="number of target layers read")
+    fit.add_argument("--block-size", type=int, default=16)
+    fit.add_argument("--selector-rank", type=int, default=64, help="0 trains a DFlash v1 drafter (no selector)")
+    fit.add_argument("--intermediate-size", type=int)
+    fit.add_argument("--mask-token", default="<empty_output>", help="an existing token the target never emits")
+    fit.add_argument("--mask-token-id", type=int)
+    fit.add_argument("--seed", type=int, default=0)
+    check = commands.add_parser("evaluate", help="mean acceptance length on held-out HumanEval and MT-Bench prompts")
+    check.add_argument("drafter", help="drafter folder")
+    check.add_argument("--target", default="smollm2-135m")
+    check.add_argument("--paths", nargs="+", default=["argmax", "greedy", "viterbi", "expected"])
+    check.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
+    check.add_argument("--prompts", type=int, default=10, help="prompts per benchmark")
+    check.add_argument("--max-new-tokens", type=int, default=128)
+    check.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    check.add_argument("--out", help="write every figure and the command to this JSON file")
     args = parser.parse_args(argv)
     if args.command == "info":
         json.dump(describe_drafter(args.folder), sys.stdout, indent=2)
         print()
     elif args.command == "data":
         make_data(args)
+    elif args.command == "train":
+        train(args)
+    elif args.command == "evaluate":
+        evaluate(args)
     return 0
 
 

@@ -171,13 +171,12 @@ class DFlashDecoder:
             drafted = time.perf_counter()
             self.stats.draft_seconds += drafted - tick
             tick = drafted
-            if self.do_sample:
+            if self.options.path is not PathStrategy.ARGMAX:
                 lattice = self.block.score(lattice, hidden)
+            if self.do_sample:
                 picks, q = sample_path(lattice, self.temperature)
                 distributions = [SparseDistribution(lattice.candidate_ids[0, i], q[0][i]) for i in range(length)]
             else:
-                if self.options.path is not PathStrategy.ARGMAX:
-                    lattice = self.block.score(lattice, hidden)
                 picks = select_path(lattice, self.options.path)
             path = lattice.tokens(picks)[0].tolist()
             self.stats.select_seconds += time.perf_counter() - tick

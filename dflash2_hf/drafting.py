@@ -22,8 +22,9 @@ class DraftOptions:
     """Per-call drafting settings.
 
     Attributes:
-        path: how a path is picked through the lattice in greedy decoding (sampling always samples the path from the
-            selector's conditional distributions).
+        path: how a path is picked through the lattice in greedy decoding. When sampling, ``argmax`` samples each
+            position from the drafter's own top-K distribution (DFlash v1); every selector strategy samples the path
+            from the selector's conditional distributions.
         block_size: tokens per block, anchor included (at most the drafter's trained ``block_size``).
         top_k: candidates kept per position.
     """

@@ -96,6 +96,7 @@ def drafter_config_for(
 class BlockBatch:
     """Padded sequences with their sampled blocks."""
 
+    record_ids: list[int]
     input_ids: torch.Tensor  # [b, T]
     attention_mask: torch.Tensor  # [b, T]
     anchors: torch.Tensor  # [b, n]; -1 marks an unused block slot
@@ -103,7 +104,8 @@ class BlockBatch:
 
 
 def sample_blocks(
-    sequences: list[dict], block_size: int, blocks_per_sequence: int, max_length: int, generator: torch.Generator
+    sequences: list[dict], block_size: int, blocks_per_sequence: int, max_length: int, generator: torch.Generator,
+    record_ids: list[int] | None = None,
 ) -> BlockBatch:
     """Pick random anchors in each response and build the block labels (the target's own next tokens)."""
     rows = [(r["prompt_ids"] + r["response_ids"])[:max_length] for r in sequences]
@@ -124,7 +126,7 @@ def sample_blocks(
             anchors[row, slot] = anchor
             span = ids[anchor : anchor + block_size]
             labels[row, slot, : len(span)] = torch.tensor(span)
-    return BlockBatch(input_ids, attention_mask, anchors, labels)
+    return BlockBatch(record_ids or list(range(len(rows))), input_ids, attention_mask, anchors, labels)
 
 
 def block_attention(anchors: torch.Tensor, context_mask: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -199,6 +201,7 @@ class DrafterTrainer:
         self.weights = position_weights(drafter.config.block_size, config.loss_decay_gamma)
         self.step = 0
         self.history: list[dict] = []
+        self.feature_cache: dict[int, torch.Tensor] = {}
 
     def _lr_factor(self, step: int) -> float:
         if step < self.config.warmup_steps:
@@ -217,14 +220,26 @@ class DrafterTrainer:
         mine = rows[self.accelerator.process_index :: self.accelerator.num_processes]
         drafter = self.unwrapped
         return sample_blocks([self.records[i] for i in mine], drafter.block_size, self.config.blocks_per_sequence,
-                             self.config.max_length, generator)
+                             self.config.max_length, generator, record_ids=mine)
 
     @torch.no_grad()
+    def _features_of(self, record_id: int, input_ids: torch.Tensor) -> torch.Tensor:
+        """Target features of one unpadded sequence, computed once and kept (in the target's dtype)."""
+        if record_id not in self.feature_cache:
+            layers = self.unwrapped.target_layer_ids
+            output = self.target(input_ids=input_ids[None].to(self.accelerator.device),
+                                 output_hidden_states=[i + 1 for i in layers], logits_to_keep=1)
+            self.feature_cache[record_id] = torch.cat([output.hidden_states[i + 1] for i in layers], dim=-1)[0]
+        return self.feature_cache[record_id]
+
     def target_features(self, batch: BlockBatch) -> torch.Tensor:
-        output = self.target(input_ids=batch.input_ids.to(self.accelerator.device),
-                             attention_mask=batch.attention_mask.to(self.accelerator.device),
-                             output_hidden_states=[i + 1 for i in self.unwrapped.target_layer_ids], logits_to_keep=1)
-        return torch.cat([output.hidden_states[i + 1] for i in self.unwrapped.target_layer_ids], dim=-1)
+        """``[b, T, taps * hidden]`` features of the batch's sequences, zero past each sequence's end."""
+        rows = [self._features_of(rid, ids[mask.bool()])
+                for rid, ids, mask in zip(batch.record_ids, batch.input_ids, batch.attention_mask)]
+        features = rows[0].new_zeros(len(rows), batch.input_ids.shape[1], rows[0].shape[-1])
+        for row, values in enumerate(rows):
+            features[row, : values.shape[0]] = values
+        return features
 
     def losses(self, batch: BlockBatch) -> tuple[torch.Tensor, StepMetrics]:
         """Forward pass and losses for one batch."""

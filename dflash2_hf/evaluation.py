@@ -1,0 +1,78 @@
+"""Mean acceptance length of a drafter on held-out prompts (HumanEval code, MT-Bench chat), per path strategy and
+temperature, measured with the real ``generate`` loop."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from .data import evaluation_prompts
+from .modeling import DFlashDraftModel
+
+
+def chat_inputs(tokenizer, benchmark: str, prompt: str) -> torch.Tensor:
+    """Token ids of an evaluation prompt in the target's chat format."""
+    content = f"Complete the following Python function.\n\n```python\n{prompt}```" if benchmark == "humaneval" else prompt
+    messages = [{"role": "user", "content": content}]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+
+
+@dataclass
+class AcceptanceResult:
+    benchmark: str
+    path: str
+    temperature: float
+    prompts: int
+    cycles: int
+    new_tokens: int
+    mean_acceptance_length: float
+
+
+def measure_acceptance(
+    target,
+    tokenizer,
+    drafter: DFlashDraftModel,
+    paths: list[str],
+    temperatures: list[float],
+    prompts_per_benchmark: int,
+    max_new_tokens: int = 128,
+    seed: int = 0,
+) -> list[AcceptanceResult]:
+    """Generate on the first ``prompts_per_benchmark`` prompts of each benchmark with every path and temperature."""
+    results = []
+    benchmarks = {name: prompts[:prompts_per_benchmark] for name, prompts in evaluation_prompts().items()}
+    total = sum(len(p) for p in benchmarks.values()) * len(paths) * len(temperatures)
+    progress = tqdm(total=total, desc="acceptance", unit="run")
+    for benchmark, prompts in benchmarks.items():
+        for temperature in temperatures:
+            for path in paths:
+                lengths: list[int] = []
+                torch.manual_seed(seed)
+                for prompt in prompts:
+                    sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
+                    target.generate(chat_inputs(tokenizer, benchmark, prompt), max_new_tokens=max_new_tokens,
+                                    assistant_model=drafter, dflash_path=path, **sampling)
+                    lengths += drafter.last_generation_stats.acceptance_lengths
+                    progress.update(1)
+                results.append(AcceptanceResult(benchmark, path, temperature, len(prompts), len(lengths), sum(lengths),
+                                                sum(lengths) / max(1, len(lengths))))
+    progress.close()
+    return results
+
+
+def results_table(results: list[AcceptanceResult]) -> str:
+    """A markdown table: one row per benchmark and temperature, one column per path."""
+    paths = list(dict.fromkeys(r.path for r in results))
+    rows = {}
+    for r in results:
+        rows.setdefault((r.benchmark, r.temperature), {})[r.path] = r.mean_acceptance_length
+    lines = ["| benchmark | temperature | " + " | ".join(paths) + " |", "|---|---|" + "---|" * len(paths)]
+    for (benchmark, temperature), values in rows.items():
+        lines.append(f"| {benchmark} | {temperature:g} | " + " | ".join(f"{values.get(p, float('nan')):.2f}" for p in paths) + " |")
+    return "\n".join(lines)
+
+
+def as_records(results: list[AcceptanceResult]) -> list[dict]:
+    return [asdict(r) for r in results]
