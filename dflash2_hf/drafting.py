@@ -37,20 +37,20 @@ class DraftOptions:
     def for_drafter(
         cls, drafter: DFlashDraftModel, path: str | None = None, block_size: int | None = None, top_k: int | None = None
     ) -> DraftOptions:
-        """Resolve options: explicit value, else the drafter's generation defaults, else its config; validated."""
-        defaults = getattr(drafter, "dflash_generation_defaults", {})
+        """Resolve options: the call's value, else the drafter config's; validated."""
         config = drafter.config
-        path = _first_set(path, defaults.get("path"), PathStrategy.GREEDY if config.is_dflash2 else PathStrategy.ARGMAX)
+        fallback = PathStrategy.GREEDY if config.is_dflash2 else PathStrategy.ARGMAX
+        path = _first_set(path, config.default_path_strategy, fallback)
         try:
             path = PathStrategy(path)
         except ValueError:
             raise ValueError(f"Unknown path strategy {path!r}; choose one of {[s.value for s in PathStrategy]}.") from None
         if path is not PathStrategy.ARGMAX and not config.is_dflash2:
             raise ValueError(f"Path strategy {path.value!r} needs a DFlash 2 drafter; this DFlash v1 drafter supports 'argmax'.")
-        block_size = int(_first_set(block_size, defaults.get("block_size"), config.block_size))
+        block_size = int(_first_set(block_size, config.block_size))
         if not 2 <= block_size <= config.block_size:
             raise ValueError(f"block_size must be between 2 and the drafter's {config.block_size}, got {block_size}.")
-        top_k = int(_first_set(top_k, defaults.get("top_k"), config.selector_top_k))
+        top_k = int(_first_set(top_k, config.selector_top_k))
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}.")
         return cls(path=path, block_size=block_size, top_k=top_k)

@@ -31,6 +31,7 @@ DFLASH_FIELDS = (
     "output_multiplier",
     "final_logit_softcapping",
     "input_embedding_scale",
+    "default_path_strategy",
 )
 
 #: ``model_type`` values of published drafter configs that this class reads.
@@ -55,6 +56,8 @@ class DFlashConfig(PreTrainedConfig):
             candidates kept per block position (``selector_rank=None`` for DFlash v1).
         output_multiplier / final_logit_softcapping: applied to the target's LM-head logits of drafted positions.
         input_embedding_scale: multiplies the target's input embeddings of the block.
+        default_path_strategy: the path strategy ``generate`` uses when the call does not choose one (``None``:
+            ``greedy`` for DFlash 2, ``argmax`` for DFlash v1).
         is_causal: attend causally inside the block instead of bidirectionally (the published drafters use
             bidirectional attention).
     """
@@ -95,6 +98,7 @@ class DFlashConfig(PreTrainedConfig):
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
     input_embedding_scale: float = 1.0
+    default_path_strategy: str | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
         nested = kwargs.pop("dflash_config", None) or {}

@@ -178,3 +178,11 @@ def test_padded_prompt_is_refused(target):
     mask[0, 0] = 0
     with pytest.raises(ValueError, match="padded"):
         target.generate(prompt(), attention_mask=mask, max_new_tokens=5, assistant_model=tiny_drafter("dflash2"))
+
+
+def test_drafter_config_sets_the_default_path(target):
+    drafter = tiny_drafter("dflash2", default_path_strategy="viterbi")
+    target.generate(prompt(), do_sample=False, max_new_tokens=4, assistant_model=drafter)
+    assert drafter.last_generation_stats.path == "viterbi"
+    target.generate(prompt(), do_sample=False, max_new_tokens=4, assistant_model=drafter, dflash_path="expected")
+    assert drafter.last_generation_stats.path == "expected"
