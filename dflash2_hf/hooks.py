@@ -29,8 +29,14 @@ OPTION_KWARGS = {"dflash_path": "path", "dflash_block_size": "block_size", "dfla
 PATCHED_METHODS = ("_extract_generation_mode_kwargs", "_validate_generation_mode", "_assisted_decoding")
 
 
+def is_drafter(model) -> bool:
+    """A DFlash drafter, bare or wrapped by PEFT (adapters active)."""
+    base = model.get_base_model() if hasattr(model, "peft_config") else model
+    return isinstance(base, DFlashDraftModel)
+
+
 def _uses_dflash(assistant_model, generation_config=None) -> bool:
-    if not isinstance(assistant_model, DFlashDraftModel):
+    if not is_drafter(assistant_model):
         return False
     return generation_config is None or getattr(generation_config, "speculation_type", None) != "dflash"
 
@@ -40,7 +46,7 @@ def _wrap_extract(original):
     def extract(self, custom_generate, kwargs, synced_gpus, assistant_model, streamer):
         options = {OPTION_KWARGS[k]: kwargs.pop(k) for k in list(kwargs) if k in OPTION_KWARGS}
         mode_kwargs = original(self, custom_generate, kwargs, synced_gpus, assistant_model, streamer)
-        if options and not isinstance(assistant_model, DFlashDraftModel):
+        if options and not is_drafter(assistant_model):
             raise ValueError(f"{sorted(options)} options need a DFlash drafter as assistant_model.")
         if options:
             mode_kwargs["dflash_options"] = options

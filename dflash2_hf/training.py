@@ -92,6 +92,24 @@ def drafter_config_for(
     )
 
 
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def is_peft_model(model: torch.nn.Module) -> bool:
+    return hasattr(model, "peft_config")
+
+
+def with_lora(drafter: DFlashDraftModel, rank: int = 8, alpha: int = 16, train_selector: bool = True):
+    """Wrap a drafter for PEFT fine-tuning: LoRA on its attention and MLP projections, the selector fully trainable
+    (``modules_to_save``), everything else frozen. Save with ``save_pretrained``; load with
+    ``PeftModel.from_pretrained(drafter, folder)``."""
+    from peft import LoraConfig, get_peft_model
+
+    modules_to_save = ["candidate_selector"] if train_selector and drafter.candidate_selector is not None else None
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=LORA_TARGETS, modules_to_save=modules_to_save)
+    return get_peft_model(drafter, config)
+
+
 @dataclass
 class BlockBatch:
     """Padded sequences with their sampled blocks."""
@@ -190,10 +208,10 @@ class DrafterTrainer:
         self.target = target.eval().requires_grad_(False).to(self.accelerator.device)
         self.records = records
         self.output_dir = Path(config.output_dir)
-        drafter.requires_grad_(True)
-        if not config.train_drafter:
-            drafter.requires_grad_(False)
-            drafter.candidate_selector.requires_grad_(True)
+        if not is_peft_model(drafter):  # PEFT decides what trains (adapters, modules_to_save)
+            drafter.requires_grad_(config.train_drafter)
+            if drafter.candidate_selector is not None:
+                drafter.candidate_selector.requires_grad_(True)
         trainable = [p for p in drafter.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self._lr_factor)
@@ -321,8 +339,11 @@ class DrafterTrainer:
             return
         folder = Path(folder)
         drafter = self.unwrapped
-        drafter.to(torch.bfloat16).save_pretrained(folder)
-        drafter.to(torch.float32)
+        if is_peft_model(drafter):
+            drafter.save_pretrained(folder)  # the adapter, the PEFT way
+        else:
+            drafter.to(torch.bfloat16).save_pretrained(folder)
+            drafter.to(torch.float32)
         budget = {"steps": self.step, "sequences": self.step * self.config.batch_size,
                   "cpu_seconds": sum(h["seconds"] for h in self.history)}
         (folder / "training.json").write_text(json.dumps({"config": asdict(self.config), "budget": budget}, indent=2))

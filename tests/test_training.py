@@ -159,3 +159,30 @@ def test_evaluation_prompts_never_become_training_prompts():
                      [{"role": "user", "content": "Tell me a joke."}]]
     kept = training_prompts(conversations, limit=10, exclude=["write a  HAIKU.", "x" * 50])
     assert kept == ["Tell me a joke."]
+
+
+def test_lora_fine_tuning_trains_adapters_and_selector_and_reloads_the_peft_way(target, records, tmp_path):
+    from peft import PeftModel, get_peft_model_state_dict
+
+    from dflash2_hf.training import with_lora
+
+    reference = new_drafter().state_dict()
+    wrapped = with_lora(new_drafter(), rank=4)
+    frozen = {k: v.clone() for k, v in wrapped.named_parameters() if not v.requires_grad}
+    config = TrainingConfig(output_dir=str(tmp_path / "run"), steps=4, batch_size=2, blocks_per_sequence=2,
+                            warmup_steps=1, learning_rate=1e-2, checkpoint_every=2)
+    run = DrafterTrainer(wrapped, target, records, config)
+    run.train()
+    run.export(tmp_path / "adapter")
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
+    assert all(torch.equal(v, dict(wrapped.named_parameters())[k]) for k, v in frozen.items()), "base stays frozen"
+
+    loaded = PeftModel.from_pretrained(new_drafter(), tmp_path / "adapter").eval()
+    trained, reloaded = get_peft_model_state_dict(run.unwrapped), get_peft_model_state_dict(loaded)
+    assert trained.keys() == reloaded.keys() and any("lora_A" in k for k in trained)
+    assert all(torch.equal(trained[k], reloaded[k]) for k in trained)
+    selector = loaded.candidate_selector.modules_to_save["default"]
+    assert not torch.equal(selector.successor_codebook, reference["candidate_selector.successor_codebook"])
+    prompt = torch.tensor([records[0]["prompt_ids"]])
+    expected = target.generate(prompt, do_sample=False, max_new_tokens=12)
+    assert torch.equal(target.generate(prompt, do_sample=False, max_new_tokens=12, assistant_model=loaded), expected)
