@@ -76,7 +76,8 @@ def train(args: argparse.Namespace) -> None:
     records = read_responses(args.data)
     training = TrainingConfig(output_dir=str(out), steps=args.steps, batch_size=args.batch_size,
                               blocks_per_sequence=args.blocks, learning_rate=args.lr, warmup_steps=args.warmup,
-                              checkpoint_every=args.checkpoint_every, seed=args.seed)
+                              checkpoint_every=args.checkpoint_every, seed=args.seed,
+                              heldout_fraction=args.heldout_fraction)
     trainer = DrafterTrainer(drafter, target, records, training)
     history = trainer.train()
     export = Path(args.export or out / "drafter")
@@ -138,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fit.add_argument("--intermediate-size", type=int)
     fit.add_argument("--mask-token", default="<empty_output>", help="an existing token the target never emits")
     fit.add_argument("--mask-token-id", type=int)
+    fit.add_argument("--heldout-fraction", type=float, default=0.05, help="records kept out for the acceptance curve")
     fit.add_argument("--seed", type=int, default=0)
     check = commands.add_parser("evaluate", help="mean acceptance length on held-out HumanEval and MT-Bench prompts")
     check.add_argument("drafter", help="drafter folder")

@@ -19,8 +19,9 @@ def _smooth(values: list[float], window: int = 20) -> list[float]:
 
 
 def training_curves(history: list[dict], path: str | Path) -> Path:
-    """Loss (drafter, selector) over steps, and top-1 accuracy by block position over the last 10% of steps."""
-    figure, (losses, accuracy) = plt.subplots(1, 2, figsize=(11, 4))
+    """Loss (drafter, selector) over steps, top-1 accuracy by block position over the last 10% of steps, and the
+    held-out acceptance length over steps."""
+    figure, (losses, accuracy, acceptance) = plt.subplots(1, 3, figsize=(15, 4))
     steps = [h["step"] for h in history]
     losses.plot(steps, _smooth([h["drafter_loss"] for h in history]), label="drafter (decay-weighted CE)")
     losses.plot(steps, _smooth([h["selector_loss"] for h in history]), label="selector (K-way CE)")
@@ -33,6 +34,10 @@ def training_curves(history: list[dict], path: str | Path) -> Path:
     accuracy.bar(range(1, positions + 1), mean)
     accuracy.set_xlabel("block position")
     accuracy.set_ylabel("top-1 accuracy (training batches)")
+    evaluated = [h for h in history if "heldout_acceptance" in h]
+    acceptance.plot([h["step"] for h in evaluated], [h["heldout_acceptance"] for h in evaluated], marker="o")
+    acceptance.set_xlabel("step")
+    acceptance.set_ylabel("held-out acceptance length (argmax path)")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)

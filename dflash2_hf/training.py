@@ -50,6 +50,7 @@ class TrainingConfig:
     selector_weight: float = 1.0
     train_drafter: bool = True
     checkpoint_every: int = 50
+    heldout_fraction: float = 0.0
     seed: int = 0
     bf16: bool = True
 
@@ -206,7 +207,8 @@ class DrafterTrainer:
         self.config = config
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="bf16" if config.bf16 else "no")
         self.target = target.eval().requires_grad_(False).to(self.accelerator.device)
-        self.records = records
+        held = int(len(records) * config.heldout_fraction)
+        self.records, self.heldout = (records[:-held], records[-held:]) if held else (records, [])
         self.output_dir = Path(config.output_dir)
         if not is_peft_model(drafter):  # PEFT decides what trains (adapters, modules_to_save)
             drafter.requires_grad_(config.train_drafter)
@@ -259,8 +261,8 @@ class DrafterTrainer:
             features[row, : values.shape[0]] = values
         return features
 
-    def losses(self, batch: BlockBatch) -> tuple[torch.Tensor, StepMetrics]:
-        """Forward pass and losses for one batch."""
+    def _forward(self, batch: BlockBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Drafter hidden states and logits of every drafted position, ``[N, B-1, ...]``, with labels ``[N, B]``."""
         drafter, device = self.unwrapped, self.accelerator.device
         block = drafter.block_size
         features = self.target_features(batch).to(torch.float32)
@@ -279,7 +281,12 @@ class DrafterTrainer:
             ).last_hidden_state
             hidden = hidden.view(batch_size * blocks, block, -1)[:, 1:]
             logits = drafter.compute_logits(hidden, self.target.get_output_embeddings()).float()
-        labels = batch.labels.view(batch_size * blocks, block).to(device)
+        return hidden, logits, batch.labels.view(batch_size * blocks, block).to(device)
+
+    def losses(self, batch: BlockBatch) -> tuple[torch.Tensor, StepMetrics]:
+        """Forward pass and losses for one batch."""
+        drafter, device = self.unwrapped, self.accelerator.device
+        hidden, logits, labels = self._forward(batch)
         gold = labels[:, 1:]
         valid = gold != IGNORE
         token_losses = F.cross_entropy(logits.flatten(0, 1), gold.clamp_min(0).flatten(), reduction="none").view_as(gold)
@@ -293,6 +300,24 @@ class DrafterTrainer:
         correct = (logits.argmax(-1) == gold) & valid
         accuracy = (correct.sum(0) / valid.sum(0).clamp_min(1)).tolist()
         return loss, StepMetrics(float(loss.detach()), float(drafter_loss.detach()), float(select.detach()), accuracy)
+
+    @torch.no_grad()
+    def heldout_acceptance(self) -> float:
+        """Mean acceptance length of the argmax path on held-out sequences: 1 + the drafted prefix that matches the
+        target's own continuation. The data are the target's greedy outputs, so this is what greedy decoding with
+        this drafter accepts (counting the target's extra token), measured teacher-forced."""
+        if not self.heldout:
+            return float("nan")
+        generator = torch.Generator().manual_seed(12345)
+        batch = sample_blocks(self.heldout, self.unwrapped.block_size, self.config.blocks_per_sequence,
+                              self.config.max_length, generator, record_ids=[-1 - i for i in range(len(self.heldout))])
+        self.drafter.eval()
+        _, logits, labels = self._forward(batch)
+        self.drafter.train()
+        gold = labels[:, 1:]
+        full = (labels[:, 1:] != IGNORE).all(-1)  # blocks that lie wholly inside their sequence
+        matches = ((logits.argmax(-1) == gold) & (gold != IGNORE)).long().cumprod(-1).sum(-1)
+        return float((1 + matches[full]).float().mean()) if full.any() else float("nan")
 
     def resume(self) -> None:
         """Continue from the newest checkpoint in ``output_dir``, if there is one."""
@@ -326,6 +351,8 @@ class DrafterTrainer:
             self.step += 1
             self.history.append({"step": self.step, "seconds": time.perf_counter() - started,
                                  "lr": self.scheduler.get_last_lr()[0], **asdict(metrics)})
+            if self.heldout and (self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps):
+                self.history[-1]["heldout_acceptance"] = self.heldout_acceptance()
             progress.update(1)
             progress.set_postfix(loss=f"{metrics.loss:.3f}", acc1=f"{metrics.accuracy_by_position[0]:.2f}")
             if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps:

@@ -186,3 +186,14 @@ def test_lora_fine_tuning_trains_adapters_and_selector_and_reloads_the_peft_way(
     prompt = torch.tensor([records[0]["prompt_ids"]])
     expected = target.generate(prompt, do_sample=False, max_new_tokens=12)
     assert torch.equal(target.generate(prompt, do_sample=False, max_new_tokens=12, assistant_model=loaded), expected)
+
+
+def test_heldout_acceptance_is_recorded_and_plotted(target, records, tmp_path):
+    from dflash2_hf.plots import training_curves
+
+    run = trainer(target, records, tmp_path, steps=5, heldout_fraction=0.25)
+    history = run.train()
+    assert len(run.heldout) == 3
+    value = history[-1]["heldout_acceptance"]
+    assert 1.0 <= value <= run.unwrapped.block_size
+    assert training_curves(history, tmp_path / "curves.png").stat().st_size > 1000
