@@ -107,6 +107,43 @@ def evaluate(args: argparse.Namespace) -> None:
         Path(args.out).write_text(json.dumps(record, indent=2))
 
 
+def generate(args: argparse.Namespace) -> None:
+    """Answer a prompt with the drafter (streamed), then plain decoding, and report the speedup of this run."""
+    import time
+
+    from transformers import TextStreamer
+
+    from .presets import default_drafter_folder, load_target
+
+    dtype = getattr(torch, args.dtype)
+    target, tokenizer = load_target(args.target, dtype=dtype)
+    drafter = DFlashDraftModel.from_pretrained(args.drafter or default_drafter_folder(args.target), dtype=dtype).eval()
+    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    messages = [{"role": "user", "content": prompt}]
+    inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    sampling = {"do_sample": True, "temperature": args.temperature, "top_p": args.top_p} if args.temperature > 0 else {"do_sample": False}
+    settings = dict(max_new_tokens=args.max_new_tokens, **sampling)
+
+    started = time.perf_counter()
+    ours = target.generate(**inputs, assistant_model=drafter, dflash_path=args.path,
+                           streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True), **settings)
+    ours_seconds = time.perf_counter() - started
+    stats = drafter.last_generation_stats
+    new_tokens = ours.shape[1] - inputs["input_ids"].shape[1]
+    print(f"\n--- dflash2 ({stats.path}): {new_tokens} tokens, {new_tokens / ours_seconds:.1f} tok/s, "
+          f"mean acceptance length {stats.mean_acceptance_length:.2f}")
+    if args.no_baseline:
+        return
+    started = time.perf_counter()
+    plain = target.generate(**inputs, **settings)
+    plain_seconds = time.perf_counter() - started
+    plain_tokens = plain.shape[1] - inputs["input_ids"].shape[1]
+    speedup = (new_tokens / ours_seconds) / (plain_tokens / plain_seconds)
+    print(f"--- plain decoding: {plain_tokens} tokens, {plain_tokens / plain_seconds:.1f} tok/s; speedup {speedup:.2f}x")
+    if not sampling["do_sample"]:
+        print(f"--- identical to plain decoding: {'yes' if torch.equal(ours, plain) else 'NO'}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dflash2-hf", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -150,6 +187,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.add_argument("--max-new-tokens", type=int, default=128)
     check.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     check.add_argument("--out", help="write every figure and the command to this JSON file")
+    run = commands.add_parser("generate", help="answer a prompt with the default drafter, report speed vs plain decoding")
+    run.add_argument("prompt", nargs="?", help="the question (default: read stdin)")
+    run.add_argument("--target", default="smollm2-135m", help="a preset name or a local checkpoint folder")
+    run.add_argument("--drafter", help="drafter folder (default: the one shipped for the preset)")
+    run.add_argument("--path", choices=["argmax", "greedy", "viterbi", "expected"], help="path strategy")
+    run.add_argument("--max-new-tokens", type=int, default=128)
+    run.add_argument("--temperature", type=float, default=0.0, help="0 decodes greedily")
+    run.add_argument("--top-p", type=float, default=1.0)
+    run.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    run.add_argument("--no-baseline", action="store_true", help="skip the plain-decoding comparison")
     args = parser.parse_args(argv)
     if args.command == "info":
         json.dump(describe_drafter(args.folder), sys.stdout, indent=2)
@@ -160,6 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         train(args)
     elif args.command == "evaluate":
         evaluate(args)
+    elif args.command == "generate":
+        generate(args)
     return 0
 
 

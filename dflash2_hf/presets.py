@@ -53,3 +53,14 @@ def load_target(name_or_folder: str, dtype: torch.dtype = torch.float32) -> tupl
         raise FileNotFoundError(f"{name_or_folder!r} is neither a preset ({', '.join(PRESETS)}) nor a checkpoint folder.")
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
     return model, AutoTokenizer.from_pretrained(folder)
+
+
+#: Drafters trained by this project and shipped inside the package, by preset name.
+SHIPPED_DRAFTERS = {"smollm2-135m": Path(__file__).parent / "drafters" / "smollm2-135m"}
+
+
+def default_drafter_folder(target: str) -> Path:
+    """The drafter shipped for a preset target."""
+    if target not in SHIPPED_DRAFTERS or not (SHIPPED_DRAFTERS[target] / "config.json").exists():
+        raise FileNotFoundError(f"No drafter ships for {target!r}; pass --drafter FOLDER (train one with `dflash2-hf train`).")
+    return SHIPPED_DRAFTERS[target]
