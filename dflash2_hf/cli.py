@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -144,6 +145,27 @@ def generate(args: argparse.Namespace) -> None:
         print(f"--- identical to plain decoding: {'yes' if torch.equal(ours, plain) else 'NO'}")
 
 
+def bench(args: argparse.Namespace) -> None:
+    """Every decoding method side by side on held-out prompts; writes results.json, results.md and plots."""
+    from .benchmark import Benchmark, standard_methods, write_report
+    from .evaluation import benchmark_prompts
+    from .presets import default_drafter_folder, load_target
+
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    target, tokenizer = load_target(args.target, dtype=dtype)
+    drafter_folder = args.drafter or default_drafter_folder(args.target)
+    drafter = DFlashDraftModel.from_pretrained(drafter_folder, dtype=dtype).eval()
+    assistant = load_target(args.assistant, dtype=dtype)[0] if args.assistant else None
+    prompts = benchmark_prompts(tokenizer, args.prompts, args.per_source)
+    benchmark = Benchmark(target, standard_methods(drafter, args.paths, assistant), max_new_tokens=args.max_new_tokens)
+    runs = benchmark.run(prompts, args.temperatures)
+    settings = {"target": args.target, "drafter": str(drafter_folder), "dtype": args.dtype, "threads": args.threads,
+                "max_new_tokens": args.max_new_tokens, "prompts": args.prompts, "per_source": args.per_source}
+    write_report(runs, args.out, "dflash2-hf " + " ".join(sys.argv[1:]), settings)
+    print((Path(args.out) / "results.md").read_text())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dflash2-hf", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -197,6 +219,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--top-p", type=float, default=1.0)
     run.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     run.add_argument("--no-baseline", action="store_true", help="skip the plain-decoding comparison")
+    measure = commands.add_parser("bench", help="benchmark every decoding method side by side")
+    measure.add_argument("--target", default="smollm2-135m")
+    measure.add_argument("--drafter", help="drafter folder (default: the one shipped for the preset)")
+    measure.add_argument("--assistant", help="a small draft LM (preset or folder) for classic assisted generation")
+    measure.add_argument("--prompts", nargs="+", default=["humaneval", "mtbench", "sharegpt"],
+                         help="humaneval, mtbench, sharegpt (held-out tail) or a JSONL file of prompts/messages")
+    measure.add_argument("--per-source", type=int, default=5)
+    measure.add_argument("--paths", nargs="+", default=["argmax", "greedy", "viterbi", "expected"])
+    measure.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
+    measure.add_argument("--max-new-tokens", type=int, default=128)
+    measure.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    measure.add_argument("--threads", type=int, default=torch.get_num_threads())
+    measure.add_argument("--out", default="bench", help="folder for results.json, results.md and plots")
     args = parser.parse_args(argv)
     if args.command == "info":
         json.dump(describe_drafter(args.folder), sys.stdout, indent=2)
@@ -209,6 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         evaluate(args)
     elif args.command == "generate":
         generate(args)
+    elif args.command == "bench":
+        bench(args)
     return 0
 
 

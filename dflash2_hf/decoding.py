@@ -26,6 +26,15 @@ from .verification import SparseDistribution, Verdict, verify_greedy, verify_sam
 
 
 @dataclass
+class DraftRecord:
+    """One cycle's lattice, kept when ``dflash_record_drafts=True`` (for benchmarks: recall, oracle acceptance)."""
+
+    anchor_position: int
+    candidate_ids: torch.Tensor  # [L, K], best drafter logit first
+    path: list[int]
+
+
+@dataclass
 class DFlashStats:
     """What one ``generate`` call did.
 
@@ -41,6 +50,7 @@ class DFlashStats:
     draft_seconds: float = 0.0
     select_seconds: float = 0.0
     verify_seconds: float = 0.0
+    drafts: list[DraftRecord] | None = None
 
     @property
     def cycles(self) -> int:
@@ -107,7 +117,8 @@ class DFlashDecoder:
         self.keep_logits = bool(generation_config.return_dict_in_generate and generation_config.output_logits)
         self.scores: list[torch.Tensor] = []
         self.raw_logits: list[torch.Tensor] = []
-        self.stats = DFlashStats(path=options.path.value, block_size=options.block_size)
+        self.stats = DFlashStats(path=options.path.value, block_size=options.block_size,
+                                 drafts=[] if options.record_drafts else None)
 
     def _forward(self, input_ids: torch.Tensor, **kwargs):
         return self.target(
@@ -179,6 +190,8 @@ class DFlashDecoder:
             else:
                 picks = select_path(lattice, self.options.path)
             path = lattice.tokens(picks)[0].tolist()
+            if self.stats.drafts is not None:
+                self.stats.drafts.append(DraftRecord(anchor_position, lattice.candidate_ids[0].cpu(), path))
             self.stats.select_seconds += time.perf_counter() - tick
             tick = time.perf_counter()
 

@@ -27,15 +27,22 @@ class DraftOptions:
             from the selector's conditional distributions.
         block_size: tokens per block, anchor included (at most the drafter's trained ``block_size``).
         top_k: candidates kept per position.
+        record_drafts: keep every cycle's lattice in the statistics (benchmarks).
     """
 
     path: PathStrategy
     block_size: int
     top_k: int
+    record_drafts: bool = False
 
     @classmethod
     def for_drafter(
-        cls, drafter: DFlashDraftModel, path: str | None = None, block_size: int | None = None, top_k: int | None = None
+        cls,
+        drafter: DFlashDraftModel,
+        path: str | None = None,
+        block_size: int | None = None,
+        top_k: int | None = None,
+        record_drafts: bool = False,
     ) -> DraftOptions:
         """Resolve options: the call's value, else the drafter config's; validated."""
         config = drafter.config
@@ -53,7 +60,7 @@ class DraftOptions:
         top_k = int(_first_set(top_k, config.selector_top_k))
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}.")
-        return cls(path=path, block_size=block_size, top_k=top_k)
+        return cls(path=path, block_size=block_size, top_k=top_k, record_drafts=bool(record_drafts))
 
 
 def _first_set(*values):

@@ -3,7 +3,9 @@ temperature, measured with the real ``generate`` loop."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -17,6 +19,30 @@ def chat_inputs(tokenizer, benchmark: str, prompt: str) -> torch.Tensor:
     content = f"Complete the following Python function.\n\n```python\n{prompt}```" if benchmark == "humaneval" else prompt
     messages = [{"role": "user", "content": content}]
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+
+
+def benchmark_prompts(tokenizer, sources: list[str], per_source: int) -> list[tuple[str, torch.Tensor]]:
+    """``(source, input_ids)`` pairs: HumanEval, MT-Bench, the held-out tail of ShareGPT, or local JSONL files
+    (``{"prompt": ...}`` or ``{"messages": [...]}`` per line)."""
+    from .data import iter_conversations, sharegpt_path, training_prompts
+
+    evaluation = evaluation_prompts()
+    pairs = []
+    for source in sources:
+        if source in evaluation:
+            pairs += [(source, chat_inputs(tokenizer, source, p)) for p in evaluation[source][:per_source]]
+        elif source == "sharegpt":
+            prompts = training_prompts(iter_conversations(sharegpt_path()), limit=100_000, max_chars=1200,
+                                       exclude=evaluation["humaneval"] + evaluation["mtbench"])
+            pairs += [(source, chat_inputs(tokenizer, source, p)) for p in prompts[-per_source:]]  # never trained on
+        else:
+            for line in Path(source).read_text().splitlines()[:per_source]:
+                record = json.loads(line)
+                messages = record.get("messages") or [{"role": "user", "content": record["prompt"]}]
+                ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                                    return_dict=True)["input_ids"]
+                pairs.append((Path(source).stem, ids))
+    return pairs
 
 
 @dataclass

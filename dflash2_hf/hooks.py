@@ -5,8 +5,8 @@ model's class (``GENERATION_MODES_MAPPING[ASSISTED_GENERATION] == "_assisted_dec
 wraps three ``GenerationMixin`` methods so that, when the assistant is a DFlash drafter (and the caller did not ask
 for transformers' own ``speculation_type="dflash"``):
 
-* ``_extract_generation_mode_kwargs`` also takes the per-call options ``dflash_path``, ``dflash_block_size`` and
-  ``dflash_top_k`` out of the ``generate`` kwargs;
+* ``_extract_generation_mode_kwargs`` also takes the per-call options ``dflash_path``, ``dflash_block_size``,
+  ``dflash_top_k`` and ``dflash_record_drafts`` out of the ``generate`` kwargs;
 * ``_validate_generation_mode`` checks the drafter fits the target and the arguments are supported, before any work,
   and skips the checks meant for classic draft LMs (vocabulary size, tokenizers);
 * ``_assisted_decoding`` runs :class:`~dflash2_hf.decoding.DFlashDecoder` instead of the classic loop.
@@ -25,7 +25,12 @@ from .decoding import DFlashDecoder, check_generation_arguments
 from .drafting import DraftOptions
 from .modeling import DFlashDraftModel
 
-OPTION_KWARGS = {"dflash_path": "path", "dflash_block_size": "block_size", "dflash_top_k": "top_k"}
+OPTION_KWARGS = {
+    "dflash_path": "path",
+    "dflash_block_size": "block_size",
+    "dflash_top_k": "top_k",
+    "dflash_record_drafts": "record_drafts",
+}
 PATCHED_METHODS = ("_extract_generation_mode_kwargs", "_validate_generation_mode", "_assisted_decoding")
 
 

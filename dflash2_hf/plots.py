@@ -42,3 +42,49 @@ def training_curves(history: list[dict], path: str | Path) -> Path:
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return Path(path)
+
+
+def benchmark_plots(rows: list[dict], folder: str | Path) -> list[Path]:
+    """Speedup bars (median, quartile whiskers), suffix decay (recall by block position) and acceptance histograms."""
+    folder = Path(folder)
+    paths = []
+    temperatures = sorted({r["temperature"] for r in rows})
+
+    figure, axes = plt.subplots(1, len(temperatures), figsize=(6 * len(temperatures), 4), squeeze=False)
+    for axis, temperature in zip(axes[0], temperatures):
+        group = [r for r in rows if r["temperature"] == temperature]
+        medians = [r["speedup_median"] for r in group]
+        errors = [[m - r["speedup_q1"] for m, r in zip(medians, group)], [r["speedup_q3"] - m for m, r in zip(medians, group)]]
+        axis.bar(range(len(group)), medians, yerr=errors, capsize=3)
+        axis.axhline(1.0, color="grey", linewidth=0.8)
+        axis.set_xticks(range(len(group)), [r["method"] for r in group], rotation=30, ha="right")
+        axis.set_ylabel("speedup over plain generate (paired)")
+        axis.set_title(f"temperature {temperature:g}")
+    figure.tight_layout()
+    paths.append(folder / "speedup.png")
+    figure.savefig(paths[-1], dpi=100)
+    plt.close(figure)
+
+    drafted = [r for r in rows if r.get("topk_recall_by_position")]
+    figure, (decay, histogram) = plt.subplots(1, 2, figsize=(12, 4))
+    for row in drafted:
+        label = f"{row['method']}, T={row['temperature']:g}"
+        positions = range(1, len(row["topk_recall_by_position"]) + 1)
+        decay.plot(positions, row["topk_recall_by_position"], marker="o", label=f"top-K, {label}")
+        decay.plot(positions, row["top1_recall_by_position"], linestyle="--", label=f"top-1, {label}")
+        counts = row["acceptance_histogram"]
+        total = sum(counts.values())
+        histogram.plot([int(k) for k in counts], [v / total for v in counts.values()], marker=".", label=label)
+    decay.set_xlabel("block position")
+    decay.set_ylabel("recall of the emitted token")
+    decay.set_title("suffix decay")
+    histogram.set_xlabel("tokens per verification")
+    histogram.set_ylabel("share of cycles")
+    for axis in (decay, histogram):
+        if drafted:
+            axis.legend(fontsize=6)
+    figure.tight_layout()
+    paths.append(folder / "drafts.png")
+    figure.savefig(paths[-1], dpi=100)
+    plt.close(figure)
+    return paths

@@ -1,0 +1,213 @@
+"""Side-by-side decoding benchmark: every method on the same target, dtype and threads, interleaved per prompt.
+
+Speed is only ever reported as a ratio to plain ``generate`` measured in the same run on the same prompt (paired
+ratios: median and quartiles), so machine drift hits every method alike.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import resource
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import transformers
+from tqdm.auto import tqdm
+
+from .decoding import DraftRecord
+
+SELECTOR_PATHS = ("greedy", "viterbi", "expected")
+
+
+@dataclass
+class Method:
+    """A decoding method: a name and the extra ``generate`` arguments that select it."""
+
+    name: str
+    generate_kwargs: dict = field(default_factory=dict)
+
+    @property
+    def uses_dflash(self) -> bool:
+        return "dflash_path" in self.generate_kwargs
+
+
+def standard_methods(drafter, paths=("argmax",) + SELECTOR_PATHS, assistant=None, prompt_lookup: int = 10) -> list[Method]:
+    """Plain decoding, prompt lookup, transformers' built-in DFlash on our drafter, ours per path, and classic
+    assisted generation when a small draft LM is given."""
+    methods = [Method("plain"), Method("prompt lookup", {"prompt_lookup_num_tokens": prompt_lookup})]
+    if assistant is not None:
+        methods.append(Method("assisted (draft LM)", {"assistant_model": assistant}))
+    if drafter is not None:
+        methods.append(Method("transformers dflash", {"assistant_model": drafter, "speculation_type": "dflash"}))
+        methods += [Method(f"dflash2 {p}", {"assistant_model": drafter, "dflash_path": p, "dflash_record_drafts": True})
+                    for p in paths if p == "argmax" or drafter.config.is_dflash2]
+    return methods
+
+
+@dataclass
+class Run:
+    """One ``generate`` call."""
+
+    method: str
+    prompt: int
+    benchmark: str
+    temperature: float
+    new_tokens: int
+    seconds: float
+    acceptance_lengths: list[int] = field(default_factory=list)
+    draft_seconds: float = 0.0
+    select_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    recall: dict = field(default_factory=dict)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds
+
+
+def draft_recall(drafts: list[DraftRecord], sequence: list[int]) -> dict:
+    """Per-position top-1 / top-K hits of the drafted lattices against the tokens actually emitted, and the oracle
+    acceptance length (1 + the prefix whose every true token is among the candidates) of every cycle."""
+    top1, topk, oracle = [], [], []
+    for record in drafts:
+        truth = sequence[record.anchor_position + 1 : record.anchor_position + 1 + record.candidate_ids.shape[0]]
+        if not truth:
+            continue
+        hits_1 = [int(record.candidate_ids[j, 0]) == t for j, t in enumerate(truth)]
+        hits_k = [t in record.candidate_ids[j].tolist() for j, t in enumerate(truth)]
+        top1.append(hits_1)
+        topk.append(hits_k)
+        prefix = 0
+        while prefix < len(hits_k) and hits_k[prefix]:
+            prefix += 1
+        oracle.append(1 + prefix)
+    return {"top1": top1, "topk": topk, "oracle": oracle}
+
+
+def oracle_acceptance(candidates: list[list[int]], truth: list[int]) -> int:
+    """1 + the length of the prefix of ``truth`` whose every token is among that position's candidates."""
+    record = DraftRecord(-1, torch.tensor(candidates), [])
+    return draft_recall([record], truth)["oracle"][0]
+
+
+class Benchmark:
+    """Runs every method on every prompt at every temperature, rotating the method order from prompt to prompt."""
+
+    def __init__(self, target, methods: list[Method], max_new_tokens: int = 128, seed: int = 0):
+        self.target = target
+        self.methods = methods
+        self.max_new_tokens = max_new_tokens
+        self.seed = seed
+        self.runs: list[Run] = []
+
+    def _one(self, method: Method, inputs: torch.Tensor, index: int, benchmark: str, temperature: float) -> Run:
+        sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
+        torch.manual_seed(self.seed + index)
+        started = time.perf_counter()
+        output = self.target.generate(inputs, max_new_tokens=self.max_new_tokens, **sampling, **method.generate_kwargs)
+        seconds = time.perf_counter() - started
+        run = Run(method.name, index, benchmark, temperature, output.shape[1] - inputs.shape[1], seconds)
+        if method.uses_dflash:
+            stats = method.generate_kwargs["assistant_model"].last_generation_stats
+            run.acceptance_lengths = list(stats.acceptance_lengths)
+            run.draft_seconds, run.select_seconds, run.verify_seconds = stats.draft_seconds, stats.select_seconds, stats.verify_seconds
+            run.recall = draft_recall(stats.drafts or [], output[0].tolist())
+        return run
+
+    def run(self, prompts: list[tuple[str, torch.Tensor]], temperatures: list[float]) -> list[Run]:
+        progress = tqdm(total=len(prompts) * len(temperatures) * len(self.methods), desc="benchmark", unit="run")
+        for index, (benchmark, inputs) in enumerate(prompts):
+            for temperature in temperatures:
+                shift = index % len(self.methods)
+                for method in self.methods[shift:] + self.methods[:shift]:
+                    self.runs.append(self._one(method, inputs, index, benchmark, temperature))
+                    progress.update(1)
+        progress.close()
+        return self.runs
+
+
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    if len(values) < 2:
+        return (values[0],) * 3 if values else (float("nan"),) * 3
+    q1, median, q3 = statistics.quantiles(values, n=4)
+    return q1, median, q3
+
+
+def summarize(runs: list[Run]) -> list[dict]:
+    """Figures per method and temperature (see the module docstring for how speed is compared)."""
+    plain = {(r.prompt, r.temperature): r for r in runs if r.method == "plain"}
+    rows = []
+    for method in dict.fromkeys(r.method for r in runs):
+        for temperature in sorted({r.temperature for r in runs}):
+            group = [r for r in runs if r.method == method and r.temperature == temperature]
+            if not group:
+                continue
+            ratios = [r.tokens_per_second / plain[(r.prompt, temperature)].tokens_per_second
+                      for r in group if (r.prompt, temperature) in plain]
+            q1, median, q3 = _quartiles(ratios)
+            row = {"method": method, "temperature": temperature, "runs": len(group),
+                   "tokens_per_second": sum(r.new_tokens for r in group) / sum(r.seconds for r in group),
+                   "speedup_median": median, "speedup_q1": q1, "speedup_q3": q3}
+            lengths = [a for r in group for a in r.acceptance_lengths]
+            if lengths:
+                cycle = sum(r.draft_seconds + r.select_seconds + r.verify_seconds for r in group)
+                top1 = [h for r in group for h in r.recall.get("top1", [])]
+                topk = [h for r in group for h in r.recall.get("topk", [])]
+                width = max((len(h) for h in topk), default=0)
+                row |= {
+                    "mean_acceptance_length": sum(lengths) / len(lengths),
+                    "acceptance_histogram": {n: lengths.count(n) for n in sorted(set(lengths))},
+                    "oracle_acceptance_length": statistics.fmean([o for r in group for o in r.recall.get("oracle", [])] or [float("nan")]),
+                    "top1_recall_by_position": [_mean_at(top1, j) for j in range(width)],
+                    "topk_recall_by_position": [_mean_at(topk, j) for j in range(width)],
+                    "draft_share": sum(r.draft_seconds for r in group) / cycle,
+                    "select_share": sum(r.select_seconds for r in group) / cycle,
+                    "verify_share": sum(r.verify_seconds for r in group) / cycle,
+                }
+            rows.append(row)
+    return rows
+
+
+def _mean_at(hits: list[list[bool]], position: int) -> float:
+    values = [h[position] for h in hits if len(h) > position]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def markdown_table(rows: list[dict]) -> str:
+    lines = ["| method | T | tok/s | speedup (median [q1, q3]) | mean acceptance | oracle acceptance | top-1 / top-K recall @1 | selector share |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        acceptance = f"{row['mean_acceptance_length']:.2f}" if "mean_acceptance_length" in row else "–"
+        oracle = f"{row['oracle_acceptance_length']:.2f}" if "oracle_acceptance_length" in row else "–"
+        recall = (f"{row['top1_recall_by_position'][0]:.2f} / {row['topk_recall_by_position'][0]:.2f}"
+                  if row.get("top1_recall_by_position") else "–")
+        share = f"{100 * row['select_share']:.1f}%" if "select_share" in row else "–"
+        lines.append(f"| {row['method']} | {row['temperature']:g} | {row['tokens_per_second']:.1f} | "
+                     f"{row['speedup_median']:.2f} [{row['speedup_q1']:.2f}, {row['speedup_q3']:.2f}] | {acceptance} | "
+                     f"{oracle} | {recall} | {share} |")
+    return "\n".join(lines)
+
+
+def environment() -> dict:
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "threads": torch.get_num_threads(), "processor": platform.processor() or platform.machine(),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def write_report(runs: list[Run], folder: str | Path, command: str, settings: dict) -> dict:
+    """Write ``results.json`` (every raw number + environment), ``results.md`` and the PNG plots."""
+    from .plots import benchmark_plots
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = summarize(runs)
+    report = {"command": command, "settings": settings, "environment": environment(), "summary": rows,
+              "runs": [asdict(r) for r in runs]}
+    (folder / "results.json").write_text(json.dumps(report, indent=2))
+    (folder / "results.md").write_text(f"Command: `{command}`\n\n{markdown_table(rows)}\n")
+    benchmark_plots(rows, folder)
+    return report

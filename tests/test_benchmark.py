@@ -1,0 +1,67 @@
+"""The benchmark harness on tiny random models: every figure is produced, with sane values."""
+
+import json
+
+import pytest
+import torch
+from conftest import tiny_drafter, tiny_target
+
+from dflash2_hf.benchmark import Benchmark, draft_recall, oracle_acceptance, standard_methods, write_report
+from dflash2_hf.decoding import DraftRecord
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    target, drafter = tiny_target("qwen3"), tiny_drafter("dflash2")
+    prompts = [("code", torch.randint(0, 90, (1, 10), generator=torch.Generator().manual_seed(i))) for i in range(3)]
+    runs = Benchmark(target, standard_methods(drafter), max_new_tokens=16).run(prompts, [0.0, 1.0])
+    folder = tmp_path_factory.mktemp("bench")
+    return write_report(runs, folder, "dflash2-hf bench (test)", {"prompts": 3}), folder
+
+
+def test_every_method_runs_at_every_temperature(report):
+    summary = report[0]["summary"]
+    methods = {row["method"] for row in summary}
+    assert {"plain", "prompt lookup", "transformers dflash", "dflash2 argmax", "dflash2 greedy", "dflash2 viterbi",
+            "dflash2 expected"} == methods
+    assert {row["temperature"] for row in summary} == {0.0, 1.0}
+    assert all(row["runs"] == 3 and row["tokens_per_second"] > 0 for row in summary)
+
+
+def test_plain_decoding_is_the_unit_of_speed(report):
+    for row in report[0]["summary"]:
+        if row["method"] == "plain":
+            assert row["speedup_median"] == row["speedup_q1"] == row["speedup_q3"] == 1.0
+        assert row["speedup_q1"] <= row["speedup_median"] <= row["speedup_q3"]
+
+
+def test_draft_figures_are_consistent(report):
+    for row in report[0]["summary"]:
+        if not row["method"].startswith("dflash2"):
+            continue
+        assert 1.0 <= row["mean_acceptance_length"] <= row["oracle_acceptance_length"]
+        assert all(k >= one for k, one in zip(row["topk_recall_by_position"], row["top1_recall_by_position"]))
+        assert row["draft_share"] + row["select_share"] + row["verify_share"] == pytest.approx(1.0)
+        assert sum(row["acceptance_histogram"].values()) > 0
+
+
+def test_report_files_are_written(report):
+    folder = report[1]
+    data = json.loads((folder / "results.json").read_text())
+    assert data["command"] == "dflash2-hf bench (test)" and data["environment"]["torch"]
+    assert len(data["runs"]) == 3 * 2 * 7
+    assert "| dflash2 greedy |" in (folder / "results.md").read_text()
+    assert (folder / "speedup.png").stat().st_size > 1000 and (folder / "drafts.png").stat().st_size > 1000
+
+
+def test_oracle_acceptance_on_a_hand_built_lattice():
+    candidates = [[5, 6], [7, 8], [9, 10], [11, 12]]
+    assert oracle_acceptance(candidates, [6, 7, 3, 11]) == 3  # positions 1-2 hit (6 in #1, 7 in #2), 3 misses
+    assert oracle_acceptance(candidates, [1, 7, 9, 11]) == 1
+    assert oracle_acceptance(candidates, [5, 8, 10, 12]) == 5  # a perfect pick accepts all 4 plus the target's token
+
+
+def test_recall_compares_each_position_with_the_emitted_token():
+    record = DraftRecord(anchor_position=2, candidate_ids=torch.tensor([[4, 5], [6, 7]]), path=[4, 6])
+    recall = draft_recall([record], sequence=[0, 0, 0, 5, 6])
+    assert recall == {"top1": [[False, True]], "topk": [[True, True]], "oracle": [3]}
