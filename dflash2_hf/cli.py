@@ -58,7 +58,7 @@ def train(args: argparse.Namespace) -> None:
     from .data import read_responses
     from .plots import training_curves
     from .presets import load_target
-    from .training import DrafterTrainer, TrainingConfig, drafter_config_for
+    from .training import DrafterTrainer, TrainingConfig, drafter_config_for, initialize_from_target
 
     target, tokenizer = load_target(args.target, dtype=torch.bfloat16)
     out = Path(args.out)
@@ -74,6 +74,7 @@ def train(args: argparse.Namespace) -> None:
         config.to_json_file(saved_config)
     torch.manual_seed(args.seed)
     drafter = DFlashDraftModel.class_for_config(config)(config)
+    initialize_from_target(drafter, target)  # overwritten by the checkpoint when resuming
     records = read_responses(args.data)
     training = TrainingConfig(output_dir=str(out), steps=args.steps, batch_size=args.batch_size,
                               blocks_per_sequence=args.blocks, learning_rate=args.lr, warmup_steps=args.warmup,

@@ -111,6 +111,34 @@ def with_lora(drafter: DFlashDraftModel, rank: int = 8, alpha: int = 16, train_s
     return get_peft_model(drafter, config)
 
 
+@torch.no_grad()
+def initialize_from_target(drafter: DFlashDraftModel, target: torch.nn.Module) -> list[str]:
+    """Start the drafter from the target's last decoder layers and final norm wherever names and shapes match.
+
+    The drafter reads logits through the target's LM head, so starting from the target's final norm puts its outputs
+    on the scale the head expects (a fresh norm makes logits ~10x too large and the first steps are wasted), and the
+    target's top layers are a better start for predicting the next tokens than random weights. The context fusion
+    starts as the identity on the deepest tap. Returns the names of the drafter parameters that were set.
+    """
+    decoder = target.get_decoder()
+    sources = list(decoder.layers)[-len(drafter.layers) :]
+    copied = []
+    own = dict(drafter.named_parameters())
+    pairs = [(f"layers.{i}.{name}", tensor) for i, layer in enumerate(sources) for name, tensor in layer.state_dict().items()]
+    pairs += [(f"norm.{name}", tensor) for name, tensor in decoder.norm.state_dict().items()]
+    for name, tensor in pairs:
+        if name in own and own[name].shape == tensor.shape:
+            own[name].copy_(tensor.to(own[name].dtype))
+            copied.append(name)
+    # Fuse the context as "the deepest tapped layer's output, normalised the way the first copied layer normalises
+    # its input": the copied layers then start out reading the kind of hidden state they were trained on.
+    hidden = drafter.config.hidden_size
+    drafter.fc.weight.zero_()
+    drafter.fc.weight[:, -hidden:] = torch.eye(hidden)
+    drafter.hidden_norm.weight.copy_(sources[0].input_layernorm.weight.to(drafter.hidden_norm.weight.dtype))
+    return copied + ["fc.weight", "hidden_norm.weight"]
+
+
 @dataclass
 class BlockBatch:
     """Padded sequences with their sampled blocks."""
