@@ -197,3 +197,18 @@ def test_heldout_acceptance_is_recorded_and_plotted(target, records, tmp_path):
     value = history[-1]["heldout_acceptance"]
     assert 1.0 <= value <= run.unwrapped.block_size
     assert training_curves(history, tmp_path / "curves.png").stat().st_size > 1000
+
+
+def test_initialising_from_the_target_copies_its_top_layers_and_final_norm(target):
+    from dflash2_hf.training import initialize_from_target
+
+    config = tiny_drafter_config("dflash2", intermediate_size=128)
+    drafter = DFlashDraftModel.class_for_config(config)(config)
+    copied = initialize_from_target(drafter, target)
+    layers = target.get_decoder().layers
+    torch.testing.assert_close(drafter.layers[1].mlp.down_proj.weight, layers[-1].mlp.down_proj.weight)
+    torch.testing.assert_close(drafter.layers[0].self_attn.q_proj.weight, layers[-2].self_attn.q_proj.weight)
+    torch.testing.assert_close(drafter.norm.weight, target.get_decoder().norm.weight)
+    features = torch.randn(3, 2 * 64)
+    torch.testing.assert_close(drafter.fc(features), features[:, 64:])
+    assert "layers.1.self_attn.k_norm.weight" in copied and "fc.weight" in copied
