@@ -148,6 +148,15 @@ class BlockBatch:
     attention_mask: torch.Tensor  # [b, T]
     anchors: torch.Tensor  # [b, n]; -1 marks an unused block slot
     labels: torch.Tensor  # [b, n, B]; position 0 holds the anchor token, IGNORE where there is no target token
+    global_labels: torch.Tensor | None = None  # labels of the whole global batch, when this is one process's share
+
+    def rows(self, index: int, count: int) -> BlockBatch:
+        """Rows ``index::count`` (one process's share), remembering the global labels for loss normalisation."""
+        if count == 1:
+            return self
+        keep = slice(index, None, count)
+        return BlockBatch(self.record_ids[keep], self.input_ids[keep], self.attention_mask[keep], self.anchors[keep],
+                          self.labels[keep], self.labels)
 
 
 def sample_blocks(
@@ -201,14 +210,23 @@ def position_weights(block_size: int, gamma: float) -> torch.Tensor:
     return torch.exp(-torch.arange(block_size - 1, dtype=torch.float32) / gamma)
 
 
-def selector_loss(drafter: DFlashDraftModel, hidden: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def selector_positions(labels: torch.Tensor) -> torch.Tensor:
+    """Drafted positions with a gold token and a gold predecessor, ``[N, B-1]``."""
+    return (labels[..., 1:] != IGNORE) & (labels[..., :-1] != IGNORE)
+
+
+def selector_loss(
+    drafter: DFlashDraftModel, hidden: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor,
+    normaliser: float | None = None,
+) -> torch.Tensor:
     """K-way cross-entropy of the gold token among the top-K candidates, given the gold predecessor.
 
     ``hidden`` / ``logits``: drafted positions ``[N, B-1, ...]``; ``labels``: ``[N, B]`` with the anchor at 0.
+    The sum is divided by ``normaliser`` (default: the number of scored positions).
     """
     selector = drafter.candidate_selector
     gold, predecessors = labels[:, 1:], labels[:, :-1]
-    valid = (gold != IGNORE) & (predecessors != IGNORE)
+    valid = selector_positions(labels)
     candidate_logits, candidates = torch.topk(logits.detach().float(), selector.top_k, dim=-1)
     safe_gold = gold.clamp_min(0)
     missing = ~(candidates == safe_gold[..., None]).any(-1)
@@ -217,7 +235,7 @@ def selector_loss(drafter: DFlashDraftModel, hidden: torch.Tensor, logits: torch
     scores = selector.pair_scores(hidden, predecessors.clamp_min(0)[..., None], candidates, candidate_logits)[..., 0, :]
     target_index = (candidates == safe_gold[..., None]).float().argmax(-1)
     losses = F.cross_entropy(scores.float().flatten(0, 1), target_index.flatten(), reduction="none")
-    return (losses * valid.flatten()).sum() / valid.sum().clamp_min(1)
+    return (losses * valid.flatten()).sum() / (normaliser or valid.sum().clamp_min(1))
 
 
 @dataclass
@@ -244,8 +262,10 @@ class DrafterTrainer:
                 drafter.candidate_selector.requires_grad_(True)
         trainable = [p for p in drafter.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self._lr_factor)
-        self.drafter, self.optimizer, self.scheduler = self.accelerator.prepare(drafter, optimizer, scheduler)
+        self.drafter, self.optimizer = self.accelerator.prepare(drafter, optimizer)
+        # Not prepared: accelerate would step a prepared scheduler once per process, and our steps count global
+        # batches (each process takes its rows of the same batch).
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.weights = position_weights(drafter.config.block_size, config.loss_decay_gamma)
         self.step = 0
         self.history: list[dict] = []
@@ -262,13 +282,13 @@ class DrafterTrainer:
         return self.accelerator.unwrap_model(self.drafter)
 
     def batch_for_step(self, step: int) -> BlockBatch:
-        """The deterministic batch of ``step`` for this process (so a resumed run sees the same data)."""
+        """This process's share of the deterministic global batch of ``step`` (a resumed run sees the same data)."""
         generator = torch.Generator().manual_seed(self.config.seed * 1_000_003 + step)
         rows = torch.randint(0, len(self.records), (self.config.batch_size,), generator=generator).tolist()
-        mine = rows[self.accelerator.process_index :: self.accelerator.num_processes]
         drafter = self.unwrapped
-        return sample_blocks([self.records[i] for i in mine], drafter.block_size, self.config.blocks_per_sequence,
-                             self.config.max_length, generator, record_ids=mine)
+        batch = sample_blocks([self.records[i] for i in rows], drafter.block_size, self.config.blocks_per_sequence,
+                              self.config.max_length, generator, record_ids=rows)
+        return batch.rows(self.accelerator.process_index, self.accelerator.num_processes)
 
     @torch.no_grad()
     def _features_of(self, record_id: int, input_ids: torch.Tensor) -> torch.Tensor:
@@ -309,7 +329,7 @@ class DrafterTrainer:
             ).last_hidden_state
             hidden = hidden.view(batch_size * blocks, block, -1)[:, 1:]
             logits = drafter.compute_logits(hidden, self.target.get_output_embeddings()).float()
-        return hidden, logits, batch.labels.view(batch_size * blocks, block).to(device)
+        return hidden, logits, batch.labels.reshape(batch_size * blocks, block).to(device)
 
     def losses(self, batch: BlockBatch) -> tuple[torch.Tensor, StepMetrics]:
         """Forward pass and losses for one batch."""
@@ -319,11 +339,17 @@ class DrafterTrainer:
         valid = gold != IGNORE
         token_losses = F.cross_entropy(logits.flatten(0, 1), gold.clamp_min(0).flatten(), reduction="none").view_as(gold)
         weights = self.weights.to(device)[None, :] * valid
-        drafter_loss = (token_losses * weights).sum() / weights.sum().clamp_min(1e-6)
+        # Normalise by the global batch's share per process, so DDP's gradient average is the global-batch mean.
+        everything = labels if batch.global_labels is None else batch.global_labels.flatten(0, 1).to(device)
+        processes = self.accelerator.num_processes
+        weight_total = (self.weights.to(device)[None, :] * (everything[:, 1:] != IGNORE)).sum() / processes
+        drafter_loss = (token_losses * weights).sum() / weight_total.clamp_min(1e-6)
         select = torch.zeros((), device=device)
         if drafter.candidate_selector is not None and self.config.selector_weight > 0:
             with self.accelerator.autocast():
-                select = selector_loss(drafter, hidden if self.config.train_drafter else hidden.detach(), logits, labels)
+                scored = selector_positions(everything).sum() / processes
+                select = selector_loss(drafter, hidden if self.config.train_drafter else hidden.detach(), logits,
+                                       labels, normaliser=scored.clamp_min(1))
         loss = (drafter_loss if self.config.train_drafter else 0.0) + self.config.selector_weight * select
         correct = (logits.argmax(-1) == gold) & valid
         accuracy = (correct.sum(0) / valid.sum(0).clamp_min(1)).tolist()

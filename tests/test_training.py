@@ -58,7 +58,17 @@ def test_a_few_steps_reduce_drafter_and_selector_losses(target, records, tmp_pat
     assert sum(h["selector_loss"] for h in history[-5:]) < sum(h["selector_loss"] for h in history[:5])
 
 
-def test_resuming_after_a_stop_gives_the_same_state_as_an_unbroken_run(target, records, tmp_path):
+@pytest.fixture
+def one_thread():
+    """Bit-for-bit comparisons need a fixed reduction order: with several threads, a busy machine can change how
+    CPU kernels split a sum."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_resuming_after_a_stop_gives_the_same_state_as_an_unbroken_run(target, records, tmp_path, one_thread):
     unbroken = trainer(target, records, tmp_path / "unbroken", steps=10)
     unbroken.train()
     trainer(target, records, tmp_path / "stopped", steps=5).train()  # "killed" after its step-5 checkpoint
