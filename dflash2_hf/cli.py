@@ -10,27 +10,8 @@ from pathlib import Path
 
 import torch
 
+from .export import describe_drafter
 from .modeling import DFlashConfig, DFlashDraftModel
-
-
-def describe_drafter(folder: str) -> dict:
-    """Summarise a drafter folder: its kind, shape and drafting settings, read without loading the weights."""
-    config = DFlashConfig.from_pretrained(folder)
-    with torch.device("meta"):
-        model = DFlashDraftModel.class_for_config(config)(config)
-    selector = model.candidate_selector
-    return {
-        "kind": "DFlash 2" if config.is_dflash2 else "DFlash v1",
-        "class": type(model).__name__,
-        "layers": config.num_hidden_layers,
-        "hidden_size": config.hidden_size,
-        "block_size": config.block_size,
-        "mask_token_id": config.mask_token_id,
-        "target_layer_ids": list(config.target_layer_ids),
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "selector_parameters": sum(p.numel() for p in selector.parameters()) if selector is not None else 0,
-        "selector_top_k": config.selector_top_k if selector is not None else None,
-    }
 
 
 def make_data(args: argparse.Namespace) -> None:
@@ -55,9 +36,9 @@ def train(args: argparse.Namespace) -> None:
     """Train a drafter on cached responses (resumes from ``--out``), then export it."""
     from pathlib import Path
 
-    from .data import read_responses
+    from .data import describe_data, read_responses
     from .plots import training_curves
-    from .presets import load_target
+    from .presets import load_target, target_name
     from .training import DrafterTrainer, TrainingConfig, drafter_config_for, initialize_from_target
 
     target, tokenizer = load_target(args.target, dtype=torch.bfloat16)
@@ -83,7 +64,7 @@ def train(args: argparse.Namespace) -> None:
     trainer = DrafterTrainer(drafter, target, records, training)
     history = trainer.train()
     export = Path(args.export or out / "drafter")
-    trainer.export(export)
+    trainer.export(export, provenance={"target": target_name(args.target), "data": describe_data(args.data, len(records))})
     training_curves(history, export / "training_curves.png")
     print(f"drafter saved to {export}")
 
@@ -167,6 +148,19 @@ def bench(args: argparse.Namespace) -> None:
     print((Path(args.out) / "results.md").read_text())
 
 
+def export(args: argparse.Namespace) -> None:
+    """Write a Hub-ready copy of a drafter folder: weights, remote code, generation config and model card."""
+    from .export import ExportError, export_drafter
+
+    try:
+        export_drafter(args.drafter, args.out, base_model=args.base_model, license_id=args.license,
+                       results=args.results, path=args.path, dtype=getattr(torch, args.dtype),
+                       published_layout=args.published_layout, overwrite=args.overwrite)
+    except ExportError as error:
+        raise SystemExit(f"dflash2-hf export: {error}") from None
+    print(f"Hub-ready drafter written to {args.out}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dflash2-hf", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -233,6 +227,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     measure.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     measure.add_argument("--threads", type=int, default=torch.get_num_threads())
     measure.add_argument("--out", default="bench", help="folder for results.json, results.md and plots")
+    share = commands.add_parser("export", help="write a Hub-ready drafter folder with a model card")
+    share.add_argument("drafter", help="drafter folder (e.g. written by `dflash2-hf train`)")
+    share.add_argument("out", help="folder to write; refused when it exists and is not empty")
+    share.add_argument("--base-model", help="Hub id of the target (default: the target recorded in training.json)")
+    share.add_argument("--license", default="apache-2.0", help="license identifier for the model card")
+    share.add_argument("--results", help="results.json or results.md of `dflash2-hf bench` to put in the card")
+    share.add_argument("--path", choices=["argmax", "greedy", "viterbi", "expected"],
+                       help="path strategy generate uses by default (default: the drafter's own)")
+    share.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    share.add_argument("--published-layout", action="store_true",
+                       help="the published DFlash 2 config layout, without remote code")
+    share.add_argument("--overwrite", action="store_true", help="replace OUT when it is not empty")
     args = parser.parse_args(argv)
     if args.command == "info":
         json.dump(describe_drafter(args.folder), sys.stdout, indent=2)
@@ -247,6 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         generate(args)
     elif args.command == "bench":
         bench(args)
+    elif args.command == "export":
+        export(args)
     return 0
 
 

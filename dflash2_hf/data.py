@@ -226,6 +226,17 @@ def read_responses(folder: str | os.PathLike) -> list[dict]:
     return records
 
 
+def describe_data(folder: str | os.PathLike, records: int) -> str:
+    """One line on a response folder for training records and model cards, from its manifest."""
+    manifest = Path(folder) / "manifest.json"
+    if not manifest.exists():
+        return f"{records} responses (no manifest)"
+    settings = json.loads(manifest.read_text())
+    how = f"sampled at temperature {settings['temperature']}" if settings["do_sample"] else "greedy"
+    return (f"{records} responses written by the target itself ({how}, up to {settings['max_new_tokens']} new tokens) "
+            "to chat prompts (HumanEval and MT-Bench prompts excluded), made with `dflash2-hf data`")
+
+
 def _write_atomically(path: Path, text: str) -> None:
     """Write then rename, so a stop mid-write never leaves a truncated file behind."""
     temporary = path.with_suffix(path.suffix + ".tmp")

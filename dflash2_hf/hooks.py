@@ -90,7 +90,7 @@ def _wrap_assisted_decoding(original):
         if not _uses_dflash(drafter, generation_config):
             kwargs.pop("dflash_options", None)
             return original(self, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs)
-        check_generation_arguments(generation_config, input_ids.shape[0])
+        check_generation_arguments(generation_config, input_ids, getattr(self.config.get_text_config(), "max_position_embeddings", None))
         attention_mask = kwargs.get("attention_mask")
         if attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError("DFlash decoding does not support padded prompts (attention_mask with zeros).")

