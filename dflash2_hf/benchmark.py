@@ -192,6 +192,27 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def summarize_by_benchmark(runs: list[Run]) -> list[dict]:
+    """:func:`summarize` for each prompt source separately (code and chat accept very differently)."""
+    return [{"benchmark": name, **row}
+            for name in dict.fromkeys(r.benchmark for r in runs)
+            for row in summarize([r for r in runs if r.benchmark == name])]
+
+
+def acceptance_table(rows: list[dict]) -> str:
+    """Mean acceptance length per benchmark and temperature (rows) and drafting method (columns)."""
+    methods = list(dict.fromkeys(r["method"] for r in rows if "mean_acceptance_length" in r))
+    cells: dict[tuple[str, float], dict[str, float]] = {}
+    for row in rows:
+        if "mean_acceptance_length" in row:
+            cells.setdefault((row["benchmark"], row["temperature"]), {})[row["method"]] = row["mean_acceptance_length"]
+    lines = ["| benchmark | T | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
+    for (benchmark, temperature), values in cells.items():
+        lines.append(f"| {benchmark} | {temperature:g} | "
+                     + " | ".join(f"{values[m]:.2f}" if m in values else "–" for m in methods) + " |")
+    return "\n".join(lines)
+
+
 def environment() -> dict:
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
             "threads": torch.get_num_threads(), "processor": platform.processor() or platform.machine(),
@@ -204,10 +225,11 @@ def write_report(runs: list[Run], folder: str | Path, command: str, settings: di
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    rows = summarize(runs)
+    rows, by_benchmark = summarize(runs), summarize_by_benchmark(runs)
     report = {"command": command, "settings": settings, "environment": environment(), "summary": rows,
-              "runs": [asdict(r) for r in runs]}
+              "summary_by_benchmark": by_benchmark, "runs": [asdict(r) for r in runs]}
     (folder / "results.json").write_text(json.dumps(report, indent=2))
-    (folder / "results.md").write_text(f"Command: `{command}`\n\n{markdown_table(rows)}\n")
+    (folder / "results.md").write_text(f"Command: `{command}`\n\n{markdown_table(rows)}\n\n"
+                                       f"Mean acceptance length by prompt source:\n\n{acceptance_table(by_benchmark)}\n")
     benchmark_plots(rows, folder)
     return report

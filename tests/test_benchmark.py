@@ -13,7 +13,8 @@ from dflash2_hf.decoding import DraftRecord
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     target, drafter = tiny_target("qwen3"), tiny_drafter("dflash2")
-    prompts = [("code", torch.randint(0, 90, (1, 10), generator=torch.Generator().manual_seed(i))) for i in range(3)]
+    prompts = [(source, torch.randint(0, 90, (1, 10), generator=torch.Generator().manual_seed(i)))
+               for i, source in enumerate(["code", "code", "chat"])]
     runs = Benchmark(target, standard_methods(drafter), max_new_tokens=16).run(prompts, [0.0, 1.0])
     folder = tmp_path_factory.mktemp("bench")
     return write_report(runs, folder, "dflash2-hf bench (test)", {"prompts": 3}), folder
@@ -52,6 +53,13 @@ def test_report_files_are_written(report):
     assert len(data["runs"]) == 3 * 2 * 7
     assert "| dflash2 greedy |" in (folder / "results.md").read_text()
     assert (folder / "speedup.png").stat().st_size > 1000 and (folder / "drafts.png").stat().st_size > 1000
+
+
+def test_figures_are_also_given_per_prompt_source(report):
+    data, folder = report
+    counts = {(r["benchmark"], r["method"], r["temperature"]): r["runs"] for r in data["summary_by_benchmark"]}
+    assert counts[("code", "plain", 0.0)] == 2 and counts[("chat", "dflash2 expected", 1.0)] == 1
+    assert "| chat | 1 |" in (folder / "results.md").read_text()
 
 
 def test_oracle_acceptance_on_a_hand_built_lattice():
