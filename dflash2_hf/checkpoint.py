@@ -2,8 +2,9 @@
 
 A checkpoint folder ``step-000123`` holds ``model.safetensors`` (the trainable weights), ``optimizer.safetensors``
 (every optimizer state tensor, flattened), ``rng.safetensors`` and ``state.json`` (step, optimizer parameter
-groups, scheduler state, anything JSON-able the trainer adds). A stop at any moment leaves either the previous
-complete checkpoint or the new one, never a partial folder under the final name.
+groups, scheduler state, anything JSON-able the trainer adds). A stop at any moment (a kill included) leaves either
+the previous complete checkpoint or the new one, never a partial folder under a checkpoint name: a new checkpoint is
+written under a temporary name and renamed into place, an old one is renamed away before it is deleted.
 """
 
 from __future__ import annotations
@@ -61,11 +62,20 @@ def save_checkpoint(
     for path in temporary.iterdir():
         with open(path, "rb") as handle:
             os.fsync(handle.fileno())
-    shutil.rmtree(final, ignore_errors=True)
+    if final.exists():
+        _discard(final)
     os.replace(temporary, final)
     for old in sorted(folder.glob(f"{PREFIX}*"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        _discard(old)
     return final
+
+
+def _discard(checkpoint: Path) -> None:
+    """Rename a checkpoint away, then delete it: a stop mid-delete leaves no partial folder under a checkpoint name."""
+    trash = checkpoint.with_name(f".{checkpoint.name}.deleting")
+    shutil.rmtree(trash, ignore_errors=True)
+    os.replace(checkpoint, trash)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def latest_checkpoint(folder: str | os.PathLike) -> Path | None:

@@ -3,7 +3,8 @@
 One cycle: the drafter drafts a block from the target's hidden states -> top-K lattice -> pair scores -> a path ->
 one target forward over ``[anchor, path]`` -> exact verification -> accepted tokens (each checked against the
 stopping criteria, so EOS, stop strings and ``max_new_tokens`` end the output exactly where plain ``generate`` would)
--> the target's cache is cropped to the accepted length and the accepted tokens' hidden states feed the next draft.
+-> the target's cache is cropped to the accepted length (sliding-window layers back to their window) and the accepted
+tokens' hidden states feed the next draft.
 
 Everything ``generate`` prepared is reused: the target's cache, logits processors (temperature, top-k, top-p,
 repetition penalty, min length, ...), stopping criteria and streamer.
@@ -174,6 +175,10 @@ class DFlashDecoder:
     def run(self, input_ids: torch.Tensor) -> torch.Tensor:
         started = time.perf_counter()
         output = self._forward(input_ids, logits_to_keep=1)
+        # Every later target forward may be partly rolled back. Layers that keep only a window of states (sliding
+        # attention) must hold on to what a crop may need until that crop; turned on after the prefill, so a long
+        # prompt is not kept whole in those layers.
+        self.cache.activate_past_recording()
         first = self._choose(self._processed(input_ids, input_ids.shape[1], output.logits[0, -1]))
         self.stats.prefill_seconds = time.perf_counter() - started
         context = self.block.context_features(output.hidden_states, input_ids.shape[1])
@@ -213,8 +218,8 @@ class DFlashDecoder:
         output = self._forward(candidates[:, anchor_position:])
         logits = output.logits[0]
         verdict = self._verify(candidates, anchor_position + 1, logits, path, distributions)
-        if len(path) > verdict.accepted:
-            self.cache.crop(verdict.accepted - len(path))
+        # Also when every drafted token is kept: crop(0) shrinks sliding-window layers back to their window.
+        self.cache.crop(verdict.accepted - len(path))
         self.stats.verify_seconds += time.perf_counter() - tick
 
         sequence, stopped = self._emit(sequence, verdict.emitted)

@@ -75,7 +75,10 @@ class BlockDrafter:
         self.options = options
         self.input_embeddings = target.get_input_embeddings()
         self.output_embeddings = target.get_output_embeddings()
-        self.cache = DynamicCache()
+        # Built from the drafter's config: its sliding-attention layers (if any) keep only their window. Past
+        # recording holds the block's states until the crop after each draft.
+        self.cache = DynamicCache(config=drafter.config)
+        self.cache.activate_past_recording()
         self.block_template = torch.full((1, options.block_size), drafter.mask_token_id, device=drafter.device)
 
     @property

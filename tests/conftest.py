@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -30,13 +32,14 @@ def randomize(model: torch.nn.Module, seed: int, scale: float = 0.2) -> torch.nn
     return model
 
 
-def tiny_target(arch: str = "qwen3", seed: int = 0, vocab_size: int = TINY_VOCAB) -> torch.nn.Module:
-    """A tiny random causal LM of a real transformers architecture."""
-    config = TARGET_CONFIGS[arch](
+def tiny_target(arch: str = "qwen3", seed: int = 0, vocab_size: int = TINY_VOCAB, **overrides) -> torch.nn.Module:
+    """A tiny random causal LM of a real transformers architecture (``overrides``: more config fields)."""
+    fields = dict(
         vocab_size=vocab_size, hidden_size=TINY_HIDDEN, intermediate_size=128, num_hidden_layers=TINY_TARGET_LAYERS,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
         tie_word_embeddings=False,
     )
+    config = TARGET_CONFIGS[arch](**fields | overrides)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     return randomize(model, seed)
 
@@ -58,6 +61,42 @@ def tiny_drafter(kind: str = "dflash2", seed: int = 0, **overrides) -> DFlashDra
     """A tiny drafter with every parameter random (convolutions included, so no component is the identity)."""
     config = tiny_drafter_config(kind, **overrides)
     return randomize(DFlashDraftModel.class_for_config(config)(config).eval(), seed)
+
+
+def new_drafter(kind: str = "dflash2") -> DFlashDraftModel:
+    """An untrained tiny drafter as training starts one: default initialisation, seeded."""
+    config = tiny_drafter_config(kind)
+    torch.manual_seed(0)
+    return DFlashDraftModel.class_for_config(config)(config)
+
+
+def random_records(count: int = 8, seed: int = 0) -> list[dict]:
+    """Training records of random tokens (6 prompt, 30 response tokens each), for runs that only need data."""
+    generator = torch.Generator().manual_seed(seed)
+    records = []
+    for _ in range(count):
+        prompt = torch.randint(0, 90, (6,), generator=generator)
+        response = torch.randint(0, 90, (30,), generator=generator)
+        records.append({"prompt_ids": prompt.tolist(), "response_ids": response.tolist()})
+    return records
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread. Bit-for-bit comparisons need a fixed reduction order (with several threads, a busy machine
+    can change how CPU kernels split a sum), and thousands of tiny forward passes run faster without thread start-up."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def one_thread():
+    with one_torch_thread():
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -6,27 +6,18 @@ Writes the initial and trained weights to OUT/initial.safetensors and OUT/drafte
 import sys
 from pathlib import Path
 
-import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest import tiny_drafter_config, tiny_target  # noqa: E402
+from conftest import new_drafter, random_records, tiny_target  # noqa: E402
 
-from dflash2_hf import DFlashDraftModel  # noqa: E402
 from dflash2_hf.training import DrafterTrainer, TrainingConfig  # noqa: E402
 
 
 def main(out: Path) -> None:
     target = tiny_target("qwen3")
-    generator = torch.Generator().manual_seed(0)
-    records = []
-    for _ in range(8):
-        prompt = torch.randint(0, 90, (1, 6), generator=generator)
-        response = torch.randint(0, 90, (30,), generator=generator)
-        records.append({"prompt_ids": prompt[0].tolist(), "response_ids": response.tolist()})
-    config = tiny_drafter_config("dflash2")
-    torch.manual_seed(0)
-    drafter = DFlashDraftModel.class_for_config(config)(config)
+    records = random_records()
+    drafter = new_drafter()
     initial = {k: v.clone().contiguous() for k, v in drafter.state_dict().items()}
     training = TrainingConfig(output_dir=str(out / "run"), steps=6, batch_size=4, blocks_per_sequence=4,
                               warmup_steps=2, learning_rate=1e-3, checkpoint_every=100, bf16=False)

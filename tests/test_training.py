@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from conftest import tiny_drafter_config, tiny_target
+from conftest import new_drafter, tiny_drafter_config, tiny_target
 
 from dflash2_hf import DFlashDraftModel
 from dflash2_hf.data import iter_conversations, training_prompts
@@ -38,12 +38,6 @@ def records(target):
     return rows
 
 
-def new_drafter(kind="dflash2"):
-    config = tiny_drafter_config(kind)
-    torch.manual_seed(0)
-    return DFlashDraftModel.class_for_config(config)(config)
-
-
 def trainer(target, records, folder, steps, **overrides):
     config = TrainingConfig(output_dir=str(folder), steps=steps, batch_size=4, blocks_per_sequence=4, warmup_steps=5,
                             learning_rate=3e-3, checkpoint_every=5, **overrides)
@@ -56,16 +50,6 @@ def test_a_few_steps_reduce_drafter_and_selector_losses(target, records, tmp_pat
     last = sum(h["drafter_loss"] for h in history[-5:]) / 5
     assert last < 0.8 * first
     assert sum(h["selector_loss"] for h in history[-5:]) < sum(h["selector_loss"] for h in history[:5])
-
-
-@pytest.fixture
-def one_thread():
-    """Bit-for-bit comparisons need a fixed reduction order: with several threads, a busy machine can change how
-    CPU kernels split a sum."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_resuming_after_a_stop_gives_the_same_state_as_an_unbroken_run(target, records, tmp_path, one_thread):
