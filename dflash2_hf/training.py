@@ -174,9 +174,9 @@ def sample_blocks(
         input_ids[row, : len(ids)] = torch.tensor(ids)
         attention_mask[row, : len(ids)] = 1
         first = max(len(record["prompt_ids"]) - 1, 1)  # the last prompt token anchors the first response block
-        candidates = torch.arange(first, len(ids) - 1)
-        if len(candidates) == 0:
+        if first >= len(ids) - 1:  # the response was cut off by max_length: nothing to label
             continue
+        candidates = torch.arange(first, len(ids) - 1)
         chosen = candidates[torch.randperm(len(candidates), generator=generator)[:blocks_per_sequence]].sort().values
         for slot, anchor in enumerate(chosen.tolist()):
             anchors[row, slot] = anchor

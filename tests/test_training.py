@@ -114,6 +114,14 @@ def test_sampled_blocks_start_in_the_response_and_label_the_next_tokens():
     assert batch.labels[0, slot].tolist() == [12, 13, IGNORE]
 
 
+def test_a_response_cut_off_by_max_length_gives_no_blocks():
+    cut = {"prompt_ids": list(range(1, 9)), "response_ids": [10, 11]}
+    kept = {"prompt_ids": [1, 2], "response_ids": [10, 11, 12]}
+    batch = sample_blocks([cut, kept], block_size=3, blocks_per_sequence=2, max_length=6, generator=torch.Generator())
+    assert (batch.anchors[0] == -1).all() and (batch.labels[0] == IGNORE).all()
+    assert sorted(batch.anchors[1].tolist()) == [1, 2]
+
+
 def test_position_weights_decay_exponentially():
     weights = position_weights(4, gamma=2.0)
     torch.testing.assert_close(weights, torch.exp(-torch.tensor([0.0, 0.5, 1.0])))
