@@ -212,7 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--max-new-tokens", type=int, default=128)
     run.add_argument("--temperature", type=float, default=0.0, help="0 decodes greedily")
     run.add_argument("--top-p", type=float, default=1.0)
-    run.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    run.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                     help="float32 (default): greedy output token-identical to plain decoding")
     run.add_argument("--no-baseline", action="store_true", help="skip the plain-decoding comparison")
     measure = commands.add_parser("bench", help="benchmark every decoding method side by side")
     measure.add_argument("--target", default="smollm2-135m")
@@ -224,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     measure.add_argument("--paths", nargs="+", default=["argmax", "greedy", "viterbi", "expected"])
     measure.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
     measure.add_argument("--max-new-tokens", type=int, default=128)
-    measure.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    measure.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     measure.add_argument("--threads", type=int, default=torch.get_num_threads())
     measure.add_argument("--out", default="bench", help="folder for results.json, results.md and plots")
     share = commands.add_parser("export", help="write a Hub-ready drafter folder with a model card")

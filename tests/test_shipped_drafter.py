@@ -1,0 +1,37 @@
+"""The drafter shipped for SmolLM2-135M-Instruct (marked slow; CI runs it): the README's main command works offline
+and the trained drafter is lossless and actually drafts right on real text."""
+
+import re
+
+import pytest
+import torch
+
+from dflash2_hf import DFlash2DraftModel, DFlashDraftModel
+from dflash2_hf.cli import main
+from dflash2_hf.presets import SMOLLM2_135M, default_drafter_folder
+
+pytestmark = pytest.mark.slow
+
+
+def test_shipped_drafter_is_a_small_bf16_dflash2_checkpoint():
+    folder = default_drafter_folder("smollm2-135m")
+    assert (folder / "model.safetensors").stat().st_size <= 64 * 2**20
+    assert not list(folder.glob("*.py")), "the package's own modeling code serves the shipped drafter"
+    drafter = DFlashDraftModel.from_pretrained(folder)
+    assert isinstance(drafter, DFlash2DraftModel) and drafter.dtype == torch.bfloat16
+
+
+def test_readme_main_command_streams_an_answer_and_matches_plain_decoding(capsys):
+    assert main(["generate", "Write a Python function that reverses a string.", "--max-new-tokens", "48"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"mean acceptance length (\d+\.\d+)", out)
+    assert "identical to plain decoding: yes" in out
+
+
+def test_trained_drafter_accepts_more_than_one_token_per_cycle_on_code():
+    target, tokenizer = SMOLLM2_135M.load_model(torch.bfloat16), SMOLLM2_135M.load_tokenizer()
+    drafter = DFlashDraftModel.from_pretrained(default_drafter_folder("smollm2-135m"), dtype=torch.bfloat16)
+    messages = [{"role": "user", "content": "Write a Python function that returns the sum of a list of numbers."}]
+    inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    target.generate(**inputs, assistant_model=drafter, max_new_tokens=64, do_sample=False)
+    assert drafter.last_generation_stats.mean_acceptance_length > 1.2, "an untrained drafter accepts ~1.0"
