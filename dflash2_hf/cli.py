@@ -11,7 +11,10 @@ from pathlib import Path
 import torch
 
 from .export import describe_drafter
+from .lattice import PathStrategy
 from .modeling import DFlashConfig, DFlashDraftModel
+
+PATHS = [strategy.value for strategy in PathStrategy]
 
 
 def make_data(args: argparse.Namespace) -> None:
@@ -198,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     check = commands.add_parser("evaluate", help="mean acceptance length on held-out HumanEval and MT-Bench prompts")
     check.add_argument("drafter", help="drafter folder")
     check.add_argument("--target", default="smollm2-135m")
-    check.add_argument("--paths", nargs="+", default=["argmax", "greedy", "viterbi", "expected"])
+    check.add_argument("--paths", nargs="+", default=PATHS)
     check.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
     check.add_argument("--prompts", type=int, default=10, help="prompts per benchmark")
     check.add_argument("--max-new-tokens", type=int, default=128)
@@ -208,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("prompt", nargs="?", help="the question (default: read stdin)")
     run.add_argument("--target", default="smollm2-135m", help="a preset name or a local checkpoint folder")
     run.add_argument("--drafter", help="drafter folder (default: the one shipped for the preset)")
-    run.add_argument("--path", choices=["argmax", "greedy", "viterbi", "expected"], help="path strategy")
+    run.add_argument("--path", choices=PATHS, help="path strategy")
     run.add_argument("--max-new-tokens", type=int, default=128)
     run.add_argument("--temperature", type=float, default=0.0, help="0 decodes greedily")
     run.add_argument("--top-p", type=float, default=1.0)
@@ -222,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     measure.add_argument("--prompts", nargs="+", default=["humaneval", "mtbench", "sharegpt"],
                          help="humaneval, mtbench, sharegpt (held-out tail) or a JSONL file of prompts/messages")
     measure.add_argument("--per-source", type=int, default=5)
-    measure.add_argument("--paths", nargs="+", default=["argmax", "greedy", "viterbi", "expected"])
+    measure.add_argument("--paths", nargs="+", default=PATHS)
     measure.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
     measure.add_argument("--max-new-tokens", type=int, default=128)
     measure.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -234,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     share.add_argument("--base-model", help="Hub id of the target (default: the target recorded in training.json)")
     share.add_argument("--license", default="apache-2.0", help="license identifier for the model card")
     share.add_argument("--results", help="results.json or results.md of `dflash2-hf bench` to put in the card")
-    share.add_argument("--path", choices=["argmax", "greedy", "viterbi", "expected"],
+    share.add_argument("--path", choices=PATHS,
                        help="path strategy generate uses by default (default: the drafter's own)")
     share.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     share.add_argument("--published-layout", action="store_true",
