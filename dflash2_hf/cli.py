@@ -42,28 +42,34 @@ def train(args: argparse.Namespace) -> None:
     from .data import describe_data, read_responses
     from .plots import training_curves
     from .presets import load_target, target_name
-    from .training import DrafterTrainer, TrainingConfig, drafter_config_for, initialize_from_target
+    from .training import (DrafterTrainer, TrainingConfig, drafter_config_for, drafter_to_continue,
+                           initialize_from_target)
 
     target, tokenizer = load_target(args.target, dtype=torch.bfloat16)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     saved_config = out / "drafter_config.json"
-    if saved_config.exists():
-        config = DFlashConfig.from_pretrained(saved_config)
-    else:
-        mask = args.mask_token_id if args.mask_token_id is not None else tokenizer.convert_tokens_to_ids(args.mask_token)
-        config = drafter_config_for(target.config, mask, num_layers=args.layers, num_taps=args.taps,
-                                    block_size=args.block_size, selector_rank=args.selector_rank or None,
-                                    intermediate_size=args.intermediate_size)
-        config.to_json_file(saved_config)
     torch.manual_seed(args.seed)
-    drafter = DFlashDraftModel.class_for_config(config)(config)
-    initialize_from_target(drafter, target)  # overwritten by the checkpoint when resuming
+    if args.init_from:  # the layout comes from the drafter being continued (or upgraded to DFlash 2)
+        drafter = drafter_to_continue(args.init_from, selector_rank=args.selector_rank or None)
+        drafter.config.to_json_file(saved_config)
+    else:
+        if saved_config.exists():
+            config = DFlashConfig.from_pretrained(saved_config)
+        else:
+            mask = args.mask_token_id if args.mask_token_id is not None else tokenizer.convert_tokens_to_ids(args.mask_token)
+            config = drafter_config_for(target.config, mask, num_layers=args.layers, num_taps=args.taps,
+                                        block_size=args.block_size, selector_rank=args.selector_rank or None,
+                                        intermediate_size=args.intermediate_size)
+            config.to_json_file(saved_config)
+        drafter = DFlashDraftModel.class_for_config(config)(config)
+        initialize_from_target(drafter, target)
+    # When resuming, the newest checkpoint in --out replaces these starting weights.
     records = read_responses(args.data)
     training = TrainingConfig(output_dir=str(out), steps=args.steps, batch_size=args.batch_size,
                               blocks_per_sequence=args.blocks, learning_rate=args.lr, warmup_steps=args.warmup,
                               checkpoint_every=args.checkpoint_every, seed=args.seed,
-                              heldout_fraction=args.heldout_fraction)
+                              heldout_fraction=args.heldout_fraction, train_drafter=not args.selector_only)
     trainer = DrafterTrainer(drafter, target, records, training)
     history = trainer.train()
     export = Path(args.export or out / "drafter")
@@ -109,6 +115,10 @@ def generate(args: argparse.Namespace) -> None:
     inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     sampling = {"do_sample": True, "temperature": args.temperature, "top_p": args.top_p} if args.temperature > 0 else {"do_sample": False}
     settings = dict(max_new_tokens=args.max_new_tokens, **sampling)
+    # Warm both methods up (first-call allocations, lazy inits) so neither pays them inside its timing.
+    target.generate(**inputs, assistant_model=drafter, dflash_path=args.path, max_new_tokens=8, do_sample=False)
+    if not args.no_baseline:
+        target.generate(**inputs, max_new_tokens=8, do_sample=False)
 
     started = time.perf_counter()
     ours = target.generate(**inputs, assistant_model=drafter, dflash_path=args.path,
@@ -198,6 +208,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     fit.add_argument("--mask-token-id", type=int)
     fit.add_argument("--heldout-fraction", type=float, default=0.05, help="records kept out for the acceptance curve")
     fit.add_argument("--seed", type=int, default=0)
+    fit.add_argument("--init-from", metavar="DRAFTER",
+                     help="start from a trained drafter folder instead of the target's layers (continue training it; "
+                          "a DFlash v1 drafter gets a new selector of --selector-rank)")
+    fit.add_argument("--selector-only", action="store_true",
+                     help="freeze the drafter and train its candidate selector alone")
     check = commands.add_parser("evaluate", help="mean acceptance length on held-out HumanEval and MT-Bench prompts")
     check.add_argument("drafter", help="drafter folder")
     check.add_argument("--target", default="smollm2-135m")

@@ -28,7 +28,7 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from .modeling import DFlashConfig, DFlashDraftModel, spread_target_layer_ids
+from .modeling import DFlashConfig, DFlashDraftModel, GroupedDynamicConv, spread_target_layer_ids
 
 IGNORE = -100
 
@@ -137,6 +137,30 @@ def initialize_from_target(drafter: DFlashDraftModel, target: torch.nn.Module) -
     drafter.fc.weight[:, -hidden:] = torch.eye(hidden)
     drafter.hidden_norm.weight.copy_(sources[0].input_layernorm.weight.to(drafter.hidden_norm.weight.dtype))
     return copied + ["fc.weight", "hidden_norm.weight"]
+
+
+def drafter_to_continue(folder: str | Path, selector_rank: int | None = None, selector_top_k: int = 16) -> DFlashDraftModel:
+    """The drafter a run starts from when it continues a trained one (fp32, strictly loaded).
+
+    A DFlash 2 drafter, or any drafter when ``selector_rank`` is None, is returned as saved. A DFlash v1 drafter with a
+    ``selector_rank`` is upgraded to DFlash 2: its weights are kept, the block convolutions start as the identity (so it
+    drafts exactly as before) and a fresh candidate selector is added, ready for selector-only training.
+    """
+    drafter = DFlashDraftModel.from_pretrained(folder, dtype=torch.float32)
+    if drafter.config.is_dflash2 or selector_rank is None:
+        return drafter
+    config = DFlashConfig.from_dict({**drafter.config.to_dict(), "conv_kernel_size": 2, "conv_group_size": 16,
+                                     "selector_rank": selector_rank, "selector_top_k": selector_top_k})
+    upgraded = DFlashDraftModel.class_for_config(config)(config)
+    missing, unexpected = upgraded.load_state_dict(drafter.state_dict(), strict=False)
+    not_new = [name for name in missing if not (name.startswith("candidate_selector.") or "_conv." in name)]
+    if unexpected or not_new:
+        raise ValueError(f"cannot upgrade {folder}: unexpected {unexpected}, missing {not_new}")
+    with torch.no_grad():
+        for module in upgraded.modules():
+            if isinstance(module, GroupedDynamicConv):
+                module.kernel_projection.weight.zero_()  # no dynamic kernel: with the identity base, a no-op
+    return upgraded
 
 
 @dataclass
@@ -252,6 +276,7 @@ class DrafterTrainer:
     def __init__(self, drafter: DFlashDraftModel, target: torch.nn.Module, records: list[dict], config: TrainingConfig):
         self.config = config
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="bf16" if config.bf16 else "no")
+        drafter.config.check_fits_target(target.config, target.get_output_embeddings().weight.shape[0])
         self.target = target.eval().requires_grad_(False).to(self.accelerator.device)
         held = int(len(records) * config.heldout_fraction)
         self.records, self.heldout = (records[:-held], records[-held:]) if held else (records, [])

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from conftest import new_drafter, tiny_drafter_config, tiny_target
+from conftest import new_drafter, tiny_drafter, tiny_drafter_config, tiny_target
 
 from dflash2_hf import DFlashDraftModel
 from dflash2_hf.data import iter_conversations, training_prompts
@@ -232,3 +232,34 @@ def test_data_description_comes_from_the_manifest(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps(
         {"target": "t", "max_new_tokens": 64, "do_sample": True, "temperature": 0.7, "prompts_sha256": "x"}))
     assert describe_data(tmp_path, 5).startswith("5 responses written by the target itself (sampled at temperature 0.7, up to 64")
+
+
+def test_continuing_a_trained_drafter_starts_from_its_weights(tmp_path):
+    from dflash2_hf.training import drafter_to_continue
+
+    saved = tiny_drafter(seed=3)
+    saved.save_pretrained(tmp_path)
+    continued = drafter_to_continue(tmp_path, selector_rank=8)
+    assert continued.config.selector_rank == saved.config.selector_rank
+    assert all(torch.equal(a, b) for a, b in zip(saved.state_dict().values(), continued.state_dict().values()))
+
+
+def test_a_dflash_v1_drafter_upgrades_to_dflash2_and_drafts_exactly_as_before(tmp_path):
+    from dflash2_hf.training import drafter_to_continue
+
+    v1 = tiny_drafter("dflash", seed=3).eval()
+    v1.save_pretrained(tmp_path)
+    upgraded = drafter_to_continue(tmp_path, selector_rank=8).eval()
+    assert upgraded.config.is_dflash2 and upgraded.candidate_selector is not None
+    embeds, context = torch.randn(1, 4, 64), torch.randn(1, 5, 64 * len(v1.target_layer_ids))
+    positions = torch.arange(9)[None]
+    with torch.no_grad():
+        before = v1(embeds, context_hidden_states=context, position_ids=positions).last_hidden_state
+        after = upgraded(embeds, context_hidden_states=context, position_ids=positions).last_hidden_state
+    torch.testing.assert_close(after, before)
+
+
+def test_training_refuses_a_drafter_that_does_not_fit_the_target(target, records, tmp_path):
+    wrong = DFlashDraftModel(tiny_drafter_config(num_target_layers=7, target_layer_ids=[1, 6]))
+    with pytest.raises(ValueError, match="does not fit the target"):
+        DrafterTrainer(wrong, target, records, TrainingConfig(output_dir=str(tmp_path)))
