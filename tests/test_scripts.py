@@ -1,0 +1,28 @@
+"""The scripts in scripts/ run from the command line as the documentation shows them (real model: marked slow)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dflash2_hf.presets import default_drafter_folder
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_long_run_memory_script_records_the_peak_at_every_mark_and_writes_it(tmp_path):
+    """docs/generation.md's `python scripts/long_run_memory.py --drafter ... --out ...` on 24 new tokens instead of
+    4,096, marked every 8."""
+    out = tmp_path / "long_run_memory.json"
+    command = [sys.executable, str(ROOT / "scripts" / "long_run_memory.py"), "--drafter",
+               str(default_drafter_folder("smollm2-135m")), "--new-tokens", "24", "--every", "8", "--out", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["new_tokens"] == 24
+    assert [mark["new_tokens"] for mark in record["marks"]] == [8, 16, 24]
+    assert all(mark["peak_rss_mib"] >= record["peak_rss_mib_before"] > 0 for mark in record["marks"])
+    assert "| 24 |" in result.stdout and f"written to {out}" in result.stdout
