@@ -83,17 +83,25 @@ def trained(target, data, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def bench(target, trained, tmp_path_factory) -> Path:
-    """`dflash2-hf bench` as docs/results.md runs it, on 1 prompt per source and 6 new tokens: the report folder."""
-    out = tmp_path_factory.mktemp("bench") / "report"
-    threads = torch.get_num_threads()
-    try:
-        run(["bench", "--target", target, "--drafter", str(trained / "drafter"), "--prompts", "humaneval", "mtbench",
-             "--per-source", "1", "--temperatures", "0", "1", "--max-new-tokens", "6", "--dtype", "float32",
-             "--threads", "1", "--out", str(out)])
-    finally:
-        torch.set_num_threads(threads)  # --threads sets it for the whole process
-    return out
+def bench(target, trained, tmp_path_factory):
+    """`dflash2-hf bench` as docs/results.md runs it, on 1 prompt per source and 6 new tokens: dtype -> the report
+    folder (each dtype run once)."""
+    reports = {}
+
+    def report(dtype: str) -> Path:
+        if dtype not in reports:
+            out = tmp_path_factory.mktemp("bench") / "report"
+            threads = torch.get_num_threads()
+            try:
+                run(["bench", "--target", target, "--drafter", str(trained / "drafter"), "--prompts", "humaneval",
+                     "mtbench", "--per-source", "1", "--temperatures", "0", "1", "--max-new-tokens", "6",
+                     "--dtype", dtype, "--threads", "1", "--out", str(out)])
+            finally:
+                torch.set_num_threads(threads)  # --threads sets it for the whole process
+            reports[dtype] = out
+        return reports[dtype]
+
+    return report
 
 
 def test_info_describes_a_dflash2_folder(capsys):
@@ -167,21 +175,23 @@ def test_evaluate_writes_the_acceptance_of_every_path_and_temperature(target, tr
     assert "| humaneval | 0 |" in printed
 
 
-def test_bench_reports_every_method_at_every_temperature(bench):
-    report = json.loads((bench / "results.json").read_text())
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_bench_reports_every_method_at_every_temperature(bench, dtype):
+    folder = bench(dtype)
+    report = json.loads((folder / "results.json").read_text())
     assert {(row["method"], row["temperature"]) for row in report["summary"]} == {
         (m, t) for m in ("plain", "prompt lookup", "transformers dflash", "dflash2 argmax", "dflash2 greedy",
                          "dflash2 viterbi", "dflash2 expected") for t in (0.0, 1.0)}
     assert {row["benchmark"] for row in report["summary_by_benchmark"]} == {"humaneval", "mtbench"}
-    assert report["settings"]["dtype"] == "float32" and report["settings"]["per_source"] == 1
-    assert "| dflash2 greedy |" in (bench / "results.md").read_text()
-    assert (bench / "speedup.png").exists() and (bench / "drafts.png").exists()
+    assert report["settings"]["dtype"] == dtype and report["settings"]["per_source"] == 1
+    assert "| dflash2 greedy |" in (folder / "results.md").read_text()
+    assert (folder / "speedup.png").exists() and (folder / "drafts.png").exists()
 
 
 def test_export_puts_the_base_model_and_the_bench_results_in_the_card(trained, bench, tmp_path):
     out = tmp_path / "hub"
     printed = run(["export", str(trained / "drafter"), str(out), "--base-model", "HuggingFaceTB/SmolLM2-135M-Instruct",
-                   "--results", str(bench / "results.json")])
+                   "--results", str(bench("float32") / "results.json")])
     card = (out / "README.md").read_text()
     assert "base_model: HuggingFaceTB/SmolLM2-135M-Instruct" in card
     assert "| dflash2 greedy |" in card
