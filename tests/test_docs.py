@@ -1,4 +1,5 @@
-"""The documentation cannot drift from the code: API reference, quoted error messages, links."""
+"""The documentation cannot drift from the code: API reference, quoted error messages, links, and every shell command
+registered with the test or CI line that runs it."""
 
 import ast
 import builtins
@@ -163,7 +164,9 @@ def test_relative_link_points_to_an_existing_file_and_heading(page, target):
 # fenced bash/sh/shell/console block (comments dropped, `\` continuations joined, `&&` chains split) or an inline code
 # span starting with `dflash2-hf`, `python`, `pip`, `pytest` or `accelerate launch`; whitespace is collapsed and `…`
 # written `...`. Other tools' commands in the prose (`hf upload`, `accelerate config`) have nothing of this package to
-# run. The tests run the same subcommand with the same flags (checked below), on tiny inputs unless said otherwise.
+# run. The tests run the same subcommand with the same options, on tiny inputs unless said otherwise; the check below
+# finds the subcommand and each `--option` among the string literals of the test and of the fixtures and helpers it
+# uses (a guard against drift, not a proof that every option reaches the same call).
 DOCUMENTED_COMMANDS = {
     # README.md and docs/quickstart.md: install, the two commands.
     "pip install torch==2.13.0": "CI: pip install --quiet torch==2.13.0",
@@ -324,7 +327,8 @@ def what_a_test_must_pass(command: str) -> list[str]:
     """The words a test of ``command`` must pass on: the subcommand after `dflash2-hf` or `accelerate`, the script's
     file name and every `--option`. Empty for commands that are not this package's CLI or scripts."""
     words = shlex.split(command.replace("$(which dflash2-hf)", "dflash2-hf"))
-    if words[0] not in ("dflash2-hf", "accelerate") and not (words[0] == "python" and words[1].startswith("scripts/")):
+    script = words[0] in ("python", "python3") and len(words) > 1 and words[1].startswith("scripts/")
+    if words[0] not in ("dflash2-hf", "accelerate") and not script:
         return []
     needed = [Path(word).name for word in words if word.endswith(".py")]
     needed += [after for before, after in zip(words, words[1:]) if before in ("dflash2-hf", "accelerate")
