@@ -24,8 +24,22 @@ SELECTOR_PATHS = ("greedy", "viterbi", "expected")
 
 
 @dataclass
+class Decoded:
+    """One decoding call as the benchmark records it: the prompt and new tokens (``[1, length]``), the seconds the
+    call took, and the tokens emitted per verification cycle when the method reports them itself."""
+
+    sequence: torch.Tensor
+    seconds: float
+    acceptance_lengths: list[int] = field(default_factory=list)
+
+
+@dataclass
 class Method:
-    """A decoding method: a name and the extra ``generate`` arguments that select it."""
+    """A decoding method: a name and the extra ``generate`` arguments that select it.
+
+    A method that does not decode through the target's ``generate`` (a peer in another process, say) overrides
+    :meth:`decode`.
+    """
 
     name: str
     generate_kwargs: dict = field(default_factory=dict)
@@ -33,6 +47,14 @@ class Method:
     @property
     def uses_dflash(self) -> bool:
         return "dflash_path" in self.generate_kwargs
+
+    def decode(self, target, inputs: torch.Tensor, max_new_tokens: int, temperature: float, seed: int) -> Decoded:
+        """Seed torch, run ``target.generate`` with this method's arguments (greedy at temperature 0) and time it."""
+        sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
+        torch.manual_seed(seed)
+        started = time.perf_counter()
+        output = target.generate(inputs, max_new_tokens=max_new_tokens, **sampling, **self.generate_kwargs)
+        return Decoded(output, time.perf_counter() - started)
 
 
 def standard_methods(drafter, paths=("argmax",) + SELECTOR_PATHS, assistant=None, prompt_lookup: int = 10) -> list[Method]:
@@ -105,12 +127,10 @@ class Benchmark:
         self.runs: list[Run] = []
 
     def _one(self, method: Method, inputs: torch.Tensor, index: int, benchmark: str, temperature: float) -> Run:
-        sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
-        torch.manual_seed(self.seed + index)
-        started = time.perf_counter()
-        output = self.target.generate(inputs, max_new_tokens=self.max_new_tokens, **sampling, **method.generate_kwargs)
-        seconds = time.perf_counter() - started
-        run = Run(method.name, index, benchmark, temperature, output.shape[1] - inputs.shape[1], seconds)
+        decoded = method.decode(self.target, inputs, self.max_new_tokens, temperature, seed=self.seed + index)
+        output = decoded.sequence
+        run = Run(method.name, index, benchmark, temperature, output.shape[1] - inputs.shape[1], decoded.seconds,
+                  acceptance_lengths=list(decoded.acceptance_lengths))
         if method.uses_dflash:
             stats = method.generate_kwargs["assistant_model"].last_generation_stats
             run.acceptance_lengths = list(stats.acceptance_lengths)
@@ -154,22 +174,31 @@ def summarize(runs: list[Run]) -> list[dict]:
                    "speedup_median": median, "speedup_q1": q1, "speedup_q3": q3}
             lengths = [a for r in group for a in r.acceptance_lengths]
             if lengths:
-                cycle = sum(r.draft_seconds + r.select_seconds + r.verify_seconds for r in group)
-                top1 = [h for r in group for h in r.recall.get("top1", [])]
-                topk = [h for r in group for h in r.recall.get("topk", [])]
-                width = max((len(h) for h in topk), default=0)
-                row |= {
-                    "mean_acceptance_length": sum(lengths) / len(lengths),
-                    "acceptance_histogram": {n: lengths.count(n) for n in sorted(set(lengths))},
-                    "oracle_acceptance_length": statistics.fmean([o for r in group for o in r.recall.get("oracle", [])] or [float("nan")]),
-                    "top1_recall_by_position": [_mean_at(top1, j) for j in range(width)],
-                    "topk_recall_by_position": [_mean_at(topk, j) for j in range(width)],
-                    "draft_share": sum(r.draft_seconds for r in group) / cycle,
-                    "select_share": sum(r.select_seconds for r in group) / cycle,
-                    "verify_share": sum(r.verify_seconds for r in group) / cycle,
-                }
+                row |= {"mean_acceptance_length": sum(lengths) / len(lengths),
+                        "acceptance_histogram": {n: lengths.count(n) for n in sorted(set(lengths))}}
+                row |= _draft_figures(group)
             rows.append(row)
     return rows
+
+
+def _draft_figures(group: list[Run]) -> dict:
+    """Oracle acceptance, recall by block position and the time shares of a cycle, for the runs that recorded their
+    drafts and timed their cycles (a peer in another process reports acceptance lengths only)."""
+    figures = {}
+    oracle = [o for r in group for o in r.recall.get("oracle", [])]
+    if oracle:
+        top1 = [h for r in group for h in r.recall.get("top1", [])]
+        topk = [h for r in group for h in r.recall.get("topk", [])]
+        width = max((len(h) for h in topk), default=0)
+        figures |= {"oracle_acceptance_length": statistics.fmean(oracle),
+                    "top1_recall_by_position": [_mean_at(top1, j) for j in range(width)],
+                    "topk_recall_by_position": [_mean_at(topk, j) for j in range(width)]}
+    cycle = sum(r.draft_seconds + r.select_seconds + r.verify_seconds for r in group)
+    if cycle > 0:
+        figures |= {"draft_share": sum(r.draft_seconds for r in group) / cycle,
+                    "select_share": sum(r.select_seconds for r in group) / cycle,
+                    "verify_share": sum(r.verify_seconds for r in group) / cycle}
+    return figures
 
 
 def _mean_at(hits: list[list[bool]], position: int) -> float:

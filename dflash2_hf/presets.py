@@ -160,14 +160,23 @@ PRESETS: dict[str, GgufSource] = {
 }
 
 
+def checkpoint_location(name_or_folder: str) -> tuple[Path, str | None]:
+    """Where a target's weights are, as ``from_pretrained`` takes them: ``(folder, GGUF file name)`` for a preset,
+    ``(folder, None)`` for a local Hugging Face checkpoint folder."""
+    if name_or_folder in PRESETS:
+        return PRESETS[name_or_folder].gguf_location()
+    folder = Path(name_or_folder)
+    if not (folder / "config.json").exists():
+        raise FileNotFoundError(f"{name_or_folder!r} is neither a preset ({', '.join(PRESETS)}) nor a checkpoint folder.")
+    return folder, None
+
+
 def load_target(name_or_folder: str, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A preset by name, or any local Hugging Face checkpoint folder."""
     if name_or_folder in PRESETS:
         preset = PRESETS[name_or_folder]
         return preset.load_model(dtype), preset.load_tokenizer()
-    folder = Path(name_or_folder)
-    if not (folder / "config.json").exists():
-        raise FileNotFoundError(f"{name_or_folder!r} is neither a preset ({', '.join(PRESETS)}) nor a checkpoint folder.")
+    folder, _ = checkpoint_location(name_or_folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
     return model, AutoTokenizer.from_pretrained(folder)
 
