@@ -13,6 +13,7 @@ import torch
 from .export import describe_drafter
 from .lattice import PathStrategy
 from .modeling import DFlashConfig, DFlashDraftModel
+from .reference_peer import DEFAULT_VENV
 
 PATHS = [strategy.value for strategy in PathStrategy]
 
@@ -74,8 +75,9 @@ def train(args: argparse.Namespace) -> None:
     history = trainer.train()
     export = Path(args.export or out / "drafter")
     trainer.export(export, provenance={"target": target_name(args.target), "data": describe_data(args.data, len(records))})
-    training_curves(history, export / "training_curves.png")
-    print(f"drafter saved to {export}")
+    if trainer.accelerator.is_main_process:  # the export folder exists on the main process only
+        training_curves(history, export / "training_curves.png")
+        print(f"drafter saved to {export}")
 
 
 def evaluate(args: argparse.Namespace) -> None:
@@ -93,8 +95,7 @@ def evaluate(args: argparse.Namespace) -> None:
     table = results_table(results)
     print(table)
     if args.out:
-        command = "dflash2-hf " + " ".join(sys.argv[1:])
-        record = {"command": command, "target": args.target, "drafter": args.drafter, "dtype": args.dtype,
+        record = {"command": args.command_line, "target": args.target, "drafter": args.drafter, "dtype": args.dtype,
                   "max_new_tokens": args.max_new_tokens, "results": as_records(results)}
         Path(args.out).write_text(json.dumps(record, indent=2))
 
@@ -142,22 +143,35 @@ def generate(args: argparse.Namespace) -> None:
 
 def bench(args: argparse.Namespace) -> None:
     """Every decoding method side by side on held-out prompts; writes results.json, results.md and plots."""
+    from contextlib import ExitStack
+
     from .benchmark import Benchmark, standard_methods, write_report
     from .evaluation import benchmark_prompts
-    from .presets import default_drafter_folder, load_target
+    from .presets import checkpoint_location, default_drafter_folder, load_target
+    from .reference_peer import ReferenceMethod, ReferencePeer, ReferencePeerError
 
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    target, tokenizer = load_target(args.target, dtype=dtype)
     drafter_folder = args.drafter or default_drafter_folder(args.target)
-    drafter = DFlashDraftModel.from_pretrained(drafter_folder, dtype=dtype).eval()
-    assistant = load_target(args.assistant, dtype=dtype)[0] if args.assistant else None
-    prompts = benchmark_prompts(tokenizer, args.prompts, args.per_source)
-    benchmark = Benchmark(target, standard_methods(drafter, args.paths, assistant), max_new_tokens=args.max_new_tokens)
-    runs = benchmark.run(prompts, args.temperatures)
     settings = {"target": args.target, "drafter": str(drafter_folder), "dtype": args.dtype, "threads": args.threads,
                 "max_new_tokens": args.max_new_tokens, "prompts": args.prompts, "per_source": args.per_source}
-    write_report(runs, args.out, "dflash2-hf " + " ".join(sys.argv[1:]), settings)
+    try:
+        with ExitStack() as stack:
+            peer = None
+            if args.reference_venv:  # started first, so a missing or broken venv fails before any model is loaded
+                folder, gguf_file = checkpoint_location(args.target)
+                peer = stack.enter_context(ReferencePeer(args.reference_venv, folder, drafter_folder,
+                                                         gguf_file=gguf_file, dtype=dtype, threads=args.threads))
+                settings["reference"] = {"venv": str(args.reference_venv), **peer.versions}
+            target, tokenizer = load_target(args.target, dtype=dtype)
+            drafter = DFlashDraftModel.from_pretrained(drafter_folder, dtype=dtype).eval()
+            assistant = load_target(args.assistant, dtype=dtype)[0] if args.assistant else None
+            prompts = benchmark_prompts(tokenizer, args.prompts, args.per_source)
+            methods = standard_methods(drafter, args.paths, assistant) + ([ReferenceMethod(peer)] if peer else [])
+            runs = Benchmark(target, methods, max_new_tokens=args.max_new_tokens).run(prompts, args.temperatures)
+    except ReferencePeerError as error:
+        raise SystemExit(f"dflash2-hf bench: {error}") from None
+    write_report(runs, args.out, args.command_line, settings)
     print((Path(args.out) / "results.md").read_text())
 
 
@@ -246,6 +260,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     measure.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     measure.add_argument("--threads", type=int, default=torch.get_num_threads())
     measure.add_argument("--out", default="bench", help="folder for results.json, results.md and plots")
+    measure.add_argument("--reference-venv", nargs="?", const=str(DEFAULT_VENV), metavar="VENV",
+                         help="also run the authors' reference implementation (PyPI dflash 0.1.0) on the same target "
+                              "and drafter, from this venv (the flag alone: ./.venv-reference)")
     share = commands.add_parser("export", help="write a Hub-ready drafter folder with a model card")
     share.add_argument("drafter", help="drafter folder (e.g. written by `dflash2-hf train`)")
     share.add_argument("out", help="folder to write; refused when it exists and is not empty")
@@ -259,6 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="the published DFlash 2 config layout, without remote code")
     share.add_argument("--overwrite", action="store_true", help="replace OUT when it is not empty")
     args = parser.parse_args(argv)
+    args.command_line = "dflash2-hf " + " ".join(sys.argv[1:] if argv is None else argv)  # recorded in results
     if args.command == "info":
         json.dump(describe_drafter(args.folder), sys.stdout, indent=2)
         print()

@@ -27,6 +27,7 @@ MODULES = [
     "data",
     "evaluation",
     "benchmark",
+    "reference_peer",
     "export",
     "presets",
     "checkpoint",
