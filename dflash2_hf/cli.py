@@ -61,7 +61,8 @@ def train(args: argparse.Namespace) -> None:
             mask = args.mask_token_id if args.mask_token_id is not None else tokenizer.convert_tokens_to_ids(args.mask_token)
             config = drafter_config_for(target.config, mask, num_layers=args.layers, num_taps=args.taps,
                                         block_size=args.block_size, selector_rank=args.selector_rank or None,
-                                        intermediate_size=args.intermediate_size)
+                                        intermediate_size=args.intermediate_size,
+                                        selector_factorised=args.factorised_selector)
             config.to_json_file(saved_config)
         drafter = DFlashDraftModel.class_for_config(config)(config)
         initialize_from_target(drafter, target)
@@ -178,11 +179,13 @@ def bench(args: argparse.Namespace) -> None:
 def export(args: argparse.Namespace) -> None:
     """Write a Hub-ready copy of a drafter folder: weights, remote code, generation config and model card."""
     from .export import ExportError, export_drafter
+    from .presets import load_target
 
+    target = load_target(args.target, dtype=torch.float32)[0] if args.target else None
     try:
         export_drafter(args.drafter, args.out, base_model=args.base_model, license_id=args.license,
                        results=args.results, path=args.path, dtype=getattr(torch, args.dtype),
-                       published_layout=args.published_layout, overwrite=args.overwrite)
+                       published_layout=args.published_layout, target=target, overwrite=args.overwrite)
     except ExportError as error:
         raise SystemExit(f"dflash2-hf export: {error}") from None
     print(f"Hub-ready drafter written to {args.out}")
@@ -217,6 +220,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     fit.add_argument("--taps", type=int, default=3, help="number of target layers read")
     fit.add_argument("--block-size", type=int, default=16)
     fit.add_argument("--selector-rank", type=int, default=64, help="0 trains a DFlash v1 drafter (no selector)")
+    fit.add_argument("--factorised-selector", action="store_true",
+                     help="a new drafter's selector derives its token codes from the target's input embeddings "
+                          "(3 x hidden x rank parameters instead of two vocabulary-sized codebooks)")
     fit.add_argument("--intermediate-size", type=int)
     fit.add_argument("--mask-token", default="<empty_output>", help="an existing token the target never emits")
     fit.add_argument("--mask-token-id", type=int)
@@ -274,6 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     share.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     share.add_argument("--published-layout", action="store_true",
                        help="the published DFlash 2 config layout, without remote code")
+    share.add_argument("--target", help="the drafter's target (preset or checkpoint folder): a factorised selector "
+                                        "is published as codebooks computed from its input embeddings")
     share.add_argument("--overwrite", action="store_true", help="replace OUT when it is not empty")
     args = parser.parse_args(argv)
     args.command_line = "dflash2-hf " + " ".join(sys.argv[1:] if argv is None else argv)  # recorded in results

@@ -113,7 +113,8 @@ class BlockDrafter:
 
     @torch.no_grad()
     def score(self, lattice: Lattice, hidden: torch.Tensor) -> Lattice:
-        """Pair-score the lattice with the drafter's selector (a no-op for a drafter without one)."""
+        """Pair-score the lattice with the drafter's selector (a no-op for a drafter without one); a factorised
+        selector reads its token codes from the target's input embeddings."""
         if self.drafter.candidate_selector is None:
             return lattice
-        return score_lattice(lattice, self.drafter.candidate_selector, hidden)
+        return score_lattice(lattice, self.drafter.candidate_selector, hidden, self.input_embeddings.weight)

@@ -14,7 +14,8 @@ The exported folder holds
 
 With ``published_layout=True`` the folder follows the published DFlash 2 checkpoints instead: ``model_type: qwen3``,
 only the published ``dflash_config`` fields, no ``auto_map`` and no remote code. Tensor names need no change: the
-drafter already uses the published names.
+drafter already uses the published names. A factorised selector has no published form of its own, so its codebooks
+are materialised from the target's input embeddings (``P = E @ A``, ``S = E @ B``): the export then needs the target.
 
 Every check runs before anything is written, and the folder is assembled next to ``OUT`` and moved into place at
 the end, so a failed export leaves nothing behind and ``overwrite`` replaces a folder only with a complete one.
@@ -22,6 +23,7 @@ the end, so a failed export leaves nothing behind and ``overwrite`` replaces a f
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import tempfile
@@ -63,7 +65,13 @@ class ExportError(ValueError):
 
 def describe_drafter(folder: str) -> dict:
     """Summarise a drafter folder: its kind, shape and drafting settings, read without loading the weights."""
-    config = DFlashConfig.from_pretrained(folder)
+    return describe_config(DFlashConfig.from_pretrained(folder))
+
+
+def describe_config(config: DFlashConfig) -> dict:
+    """Summarise the drafter a config describes: kind, shape, drafting settings and parameter counts (counted on a
+    meta-device model, so nothing is allocated). ``selector`` is ``codebooks`` (two ``[vocab, rank]`` tables, as
+    published), ``factorised`` (projections of the target's input embeddings) or ``None``."""
     with torch.device("meta"):
         model = DFlashDraftModel.class_for_config(config)(config)
     selector = model.candidate_selector
@@ -76,6 +84,7 @@ def describe_drafter(folder: str) -> dict:
         "mask_token_id": config.mask_token_id,
         "target_layer_ids": list(config.target_layer_ids),
         "parameters": sum(p.numel() for p in model.parameters()),
+        "selector": None if selector is None else "factorised" if selector.factorised else "codebooks",
         "selector_parameters": sum(p.numel() for p in selector.parameters()) if selector is not None else 0,
         "selector_top_k": config.selector_top_k if selector is not None else None,
     }
@@ -111,6 +120,40 @@ def recommended_options(drafter: DFlashDraftModel, path: str | None) -> DraftOpt
         return DraftOptions.for_drafter(drafter)
     except ValueError as error:
         raise ExportError(str(error)) from None
+
+
+def with_materialised_codebooks(drafter: DFlashDraftModel, target: torch.nn.Module | None) -> DFlashDraftModel:
+    """The drafter with a full-codebook selector that scores exactly as its factorised one does for ``target``.
+
+    The codebooks are ``E @ A`` and ``E @ B`` (``CandidateSelector.codebooks``, computed in float32 from the target's
+    input embedding matrix ``E``) in the drafter's dtype; every other weight is kept. A drafter without a factorised
+    selector is returned unchanged.
+    """
+    selector = drafter.candidate_selector
+    if selector is None or not selector.factorised:
+        return drafter
+    if target is None:
+        raise ExportError("This drafter's candidate selector is factorised: the published layout stores full codebooks "
+                          "computed from the target's input embeddings; pass the target (--target).")
+    try:
+        drafter.config.check_fits_target(target.config, target.get_output_embeddings().weight.shape[0])
+    except ValueError as error:
+        raise ExportError(str(error)) from None
+    table = target.get_input_embeddings().weight.detach()
+    if table.shape[0] != drafter.config.vocab_size:
+        raise ExportError(f"The target's input embeddings have {table.shape[0]} rows; the drafter's vocabulary is "
+                          f"{drafter.config.vocab_size}.")
+    config = copy.deepcopy(drafter.config)
+    config.selector_factorised = False
+    full = DFlashDraftModel.class_for_config(config)(config).to(drafter.dtype).eval()
+    weights = {name: tensor for name, tensor in drafter.state_dict().items()
+               if not name.startswith(("candidate_selector.predecessor_", "candidate_selector.successor_"))}
+    with torch.no_grad():
+        predecessors, successors = selector.codebooks(table)
+    weights["candidate_selector.predecessor_codebook"] = predecessors
+    weights["candidate_selector.successor_codebook"] = successors
+    full.load_state_dict(weights, strict=True)
+    return full
 
 
 def check_publishable(config: DFlashConfig) -> None:
@@ -181,10 +224,12 @@ def card_metadata(base_model: str | None, license_id: str) -> str:
     return f"---\n{data.to_yaml()}\n---\n"
 
 
-def model_card(name: str, drafter_folder: Path, options: DraftOptions, base_model: str | None, license_id: str,
+def model_card(name: str, drafter: DFlashDraftModel, options: DraftOptions, base_model: str | None, license_id: str,
                training: str, measurements: str, published_layout: bool) -> str:
-    """README.md for the exported folder ``name``: metadata, summary, usage, training and measurements."""
-    info = describe_drafter(str(drafter_folder))
+    """README.md for the exported folder ``name`` holding ``drafter``: metadata, summary, usage, training and
+    measurements."""
+    info = describe_config(drafter.config)
+    factorised = ", factorised over the target's input embeddings" if info["selector"] == "factorised" else ""
     target = f"`{base_model}`" if base_model else "its target model (not recorded)"
     loading = ("The config and weights follow the published DFlash 2 layout (`model_type: qwen3`, no remote code)."
                if published_layout else
@@ -196,7 +241,8 @@ def model_card(name: str, drafter_folder: Path, options: DraftOptions, base_mode
 A {info["kind"]} block drafter for speculative decoding of {target} with the `dflash2-hf` package.
 {info["layers"]} layers, hidden size {info["hidden_size"]}, blocks of {info["block_size"]} tokens, reading target
 layers {info["target_layer_ids"]}; {info["parameters"]:,} parameters ({info["selector_parameters"]:,} in the
-candidate selector). Greedy output is identical to the target's own; sampled output has the target's distribution.
+candidate selector{factorised}). Greedy output is identical to the target's own; sampled output has the
+target's distribution.
 
 ## Usage
 
@@ -262,6 +308,7 @@ def export_drafter(
     path: str | None = None,
     dtype: torch.dtype = torch.bfloat16,
     published_layout: bool = False,
+    target: torch.nn.Module | None = None,
     overwrite: bool = False,
 ) -> Path:
     """Write a Hub-ready copy of the drafter in ``drafter_folder`` to ``out`` (see the module docstring).
@@ -273,6 +320,8 @@ def export_drafter(
         path: path strategy to make ``generate``'s default (default: the drafter's own default).
         dtype: dtype of the exported weights.
         published_layout: write the published DFlash 2 layout instead of ours (no remote code).
+        target: the target model the drafter drafts for; needed only to export a factorised selector in the
+            published layout (its codebooks are computed from the target's input embeddings).
         overwrite: replace ``out`` when it exists and is not empty.
 
     Raises:
@@ -283,11 +332,12 @@ def export_drafter(
     drafter = load_drafter(drafter_folder, dtype)
     options = recommended_options(drafter, path)
     if published_layout:
+        drafter = with_materialised_codebooks(drafter, target)
         check_publishable(drafter.config)
     record = read_training_record(drafter_folder)
     base_model = base_model or (record or {}).get("target")
     measurements = measurements_section(Path(results) if results is not None else None)
-    card = model_card(out.name, drafter_folder, options, base_model, license_id, training_section(record), measurements,
+    card = model_card(out.name, drafter, options, base_model, license_id, training_section(record), measurements,
                       published_layout)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))

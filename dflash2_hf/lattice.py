@@ -117,10 +117,16 @@ def select_path(lattice: Lattice, strategy: PathStrategy | str) -> torch.Tensor:
     return _best_by_backward_recursion(log_q.exp(), lambda edge, future: edge * (1 + future))
 
 
-def score_lattice(lattice: Lattice, selector: torch.nn.Module, hidden: torch.Tensor) -> Lattice:
-    """Fill ``lattice.pair_scores`` with the drafter's selector head, all positions in one batched op."""
+def score_lattice(
+    lattice: Lattice, selector: torch.nn.Module, hidden: torch.Tensor, embedding_table: torch.Tensor | None = None
+) -> Lattice:
+    """Fill ``lattice.pair_scores`` with the drafter's selector head, all positions in one batched op.
+
+    ``embedding_table`` is the target's input embedding matrix (``target.get_input_embeddings().weight``), which a
+    factorised selector derives its token codes from.
+    """
     lattice.pair_scores = selector.pair_scores(
-        hidden, lattice.predecessor_ids(), lattice.candidate_ids, lattice.candidate_logits
+        hidden, lattice.predecessor_ids(), lattice.candidate_ids, lattice.candidate_logits, embedding_table
     )
     return lattice
 

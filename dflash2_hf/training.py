@@ -64,8 +64,13 @@ def drafter_config_for(
     selector_rank: int | None = 64,
     selector_top_k: int = 16,
     intermediate_size: int | None = None,
+    selector_factorised: bool = False,
 ) -> DFlashConfig:
-    """A drafter config derived from the target: its width, heads, RoPE and special tokens, taps spread evenly."""
+    """A drafter config derived from the target: its width, heads, RoPE and special tokens, taps spread evenly.
+
+    ``selector_factorised`` derives the selector's token codes from the target's input embeddings instead of keeping
+    two vocabulary-sized codebooks (``DFlashConfig.selector_factorised``).
+    """
     text = target_config.get_text_config()
     dflash2 = selector_rank is not None
     return DFlashConfig(
@@ -87,6 +92,7 @@ def drafter_config_for(
         conv_group_size=16 if dflash2 else None,
         selector_rank=selector_rank,
         selector_top_k=selector_top_k,
+        selector_factorised=selector_factorised,
         bos_token_id=text.bos_token_id,
         eos_token_id=text.eos_token_id,
         pad_token_id=text.pad_token_id,
@@ -241,12 +247,13 @@ def selector_positions(labels: torch.Tensor) -> torch.Tensor:
 
 def selector_loss(
     drafter: DFlashDraftModel, hidden: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor,
-    normaliser: float | None = None,
+    normaliser: float | None = None, embedding_table: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """K-way cross-entropy of the gold token among the top-K candidates, given the gold predecessor.
 
     ``hidden`` / ``logits``: drafted positions ``[N, B-1, ...]``; ``labels``: ``[N, B]`` with the anchor at 0.
-    The sum is divided by ``normaliser`` (default: the number of scored positions).
+    The sum is divided by ``normaliser`` (default: the number of scored positions). ``embedding_table``: the target's
+    input embedding matrix, which a factorised selector needs.
     """
     selector = drafter.candidate_selector
     gold, predecessors = labels[:, 1:], labels[:, :-1]
@@ -256,7 +263,8 @@ def selector_loss(
     missing = ~(candidates == safe_gold[..., None]).any(-1)
     candidates[..., -1] = torch.where(missing, safe_gold, candidates[..., -1])
     candidate_logits = logits.detach().float().gather(-1, candidates)
-    scores = selector.pair_scores(hidden, predecessors.clamp_min(0)[..., None], candidates, candidate_logits)[..., 0, :]
+    scores = selector.pair_scores(hidden, predecessors.clamp_min(0)[..., None], candidates, candidate_logits,
+                                  embedding_table)[..., 0, :]
     target_index = (candidates == safe_gold[..., None]).float().argmax(-1)
     losses = F.cross_entropy(scores.float().flatten(0, 1), target_index.flatten(), reduction="none")
     return (losses * valid.flatten()).sum() / (normaliser or valid.sum().clamp_min(1))
@@ -374,7 +382,8 @@ class DrafterTrainer:
             with self.accelerator.autocast():
                 scored = selector_positions(everything).sum() / processes
                 select = selector_loss(drafter, hidden if self.config.train_drafter else hidden.detach(), logits,
-                                       labels, normaliser=scored.clamp_min(1))
+                                       labels, normaliser=scored.clamp_min(1),
+                                       embedding_table=self.target.get_input_embeddings().weight)
         loss = (drafter_loss if self.config.train_drafter else 0.0) + self.config.selector_weight * select
         correct = (logits.argmax(-1) == gold) & valid
         accuracy = (correct.sum(0) / valid.sum(0).clamp_min(1)).tolist()

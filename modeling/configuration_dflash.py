@@ -28,6 +28,7 @@ DFLASH_FIELDS = (
     "conv_group_size",
     "selector_rank",
     "selector_top_k",
+    "selector_factorised",
     "output_multiplier",
     "final_logit_softcapping",
     "input_embedding_scale",
@@ -54,6 +55,9 @@ class DFlashConfig(PreTrainedConfig):
             (``None`` for DFlash v1).
         selector_rank / selector_top_k: DFlash 2 candidate selector: rank of the pair-scoring term and number of
             candidates kept per block position (``selector_rank=None`` for DFlash v1).
+        selector_factorised: derive the selector's token codes from the target's frozen input embeddings through
+            two learned ``[hidden, rank]`` projections instead of keeping two ``[vocab, rank]`` codebooks, so the
+            selector's size does not grow with the vocabulary (see :class:`CandidateSelector`).
         output_multiplier / final_logit_softcapping: applied to the target's LM-head logits of drafted positions.
         input_embedding_scale: multiplies the target's input embeddings of the block.
         default_path_strategy: the path strategy ``generate`` uses when the call does not choose one (``None``:
@@ -95,6 +99,7 @@ class DFlashConfig(PreTrainedConfig):
     conv_group_size: int | None = None
     selector_rank: int | None = None
     selector_top_k: int = 16
+    selector_factorised: bool = False
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
     input_embedding_scale: float = 1.0
@@ -167,6 +172,10 @@ class DFlashConfig(PreTrainedConfig):
                 problems.append("a candidate selector (selector_rank) needs vocab_size")
             if int(self.selector_top_k) < 1:
                 problems.append(f"selector_top_k must be >= 1, got {self.selector_top_k}")
+        if not isinstance(self.selector_factorised, bool):
+            problems.append(f"selector_factorised must be true or false, got {self.selector_factorised!r}")
+        elif self.selector_factorised and self.selector_rank is None:
+            problems.append("selector_factorised needs a candidate selector (selector_rank)")
         if problems:
             raise ValueError("Invalid DFlash drafter config: " + "; ".join(problems) + ".")
 

@@ -222,17 +222,69 @@ class CandidateSelector(nn.Module):
 
     The score of candidate ``b`` at block position ``i`` following token ``a`` is the drafter's own logit for ``b``
     plus a context-gated bilinear term ``sum_r P[a, r] * (W h_i)[r] * S[b, r]``: ``P`` / ``S`` are the predecessor /
-    successor codebooks (stored as bare ``[vocab, rank]`` tensors, as published) and ``W`` projects the drafter's
-    hidden state at position ``i`` to the selector rank.
+    successor codes of the tokens and ``W`` projects the drafter's hidden state at position ``i`` to the selector rank.
+
+    The published selector keeps ``P`` and ``S`` as two bare ``[vocab, rank]`` codebooks. With
+    ``config.selector_factorised`` they are derived from the target's frozen input embedding matrix ``E``:
+    ``P = E @ A`` and ``S = E @ B`` with learned ``[hidden, rank]`` projections ``A`` / ``B``
+    (``predecessor_projection`` / ``successor_projection``), so the selector holds ``3 * hidden * rank`` parameters
+    whatever the vocabulary. ``E`` is not a weight of the drafter: callers pass it to :meth:`pair_scores`.
     """
 
     def __init__(self, config: DFlashConfig):
         super().__init__()
         rank = int(config.selector_rank)
         self.top_k = int(config.selector_top_k)
+        self.factorised = bool(config.selector_factorised)
         self.hidden_projection = nn.Linear(config.hidden_size, rank, bias=False)
-        self.predecessor_codebook = nn.Parameter(torch.empty(config.vocab_size, rank))
-        self.successor_codebook = nn.Parameter(torch.empty(config.vocab_size, rank))
+        if self.factorised:
+            self.predecessor_projection = nn.Linear(config.hidden_size, rank, bias=False)
+            self.successor_projection = nn.Linear(config.hidden_size, rank, bias=False)
+        else:
+            self.predecessor_codebook = nn.Parameter(torch.empty(config.vocab_size, rank))
+            self.successor_codebook = nn.Parameter(torch.empty(config.vocab_size, rank))
+
+    def _embedding_table(self, embedding_table: torch.Tensor | None) -> torch.Tensor:
+        """The target's input embedding matrix a factorised selector reads, checked, in the projections' dtype."""
+        width = self.predecessor_projection.in_features
+        if embedding_table is None:
+            raise ValueError(
+                "This candidate selector is factorised: its token codes come from the target's input embeddings; "
+                "pass embedding_table=target.get_input_embeddings().weight."
+            )
+        if embedding_table.dim() != 2 or embedding_table.shape[1] != width:
+            raise ValueError(
+                f"embedding_table must be the target's [vocab, {width}] input embedding matrix, "
+                f"got shape {list(embedding_table.shape)}."
+            )
+        return embedding_table.to(self.predecessor_projection.weight.dtype)
+
+    def token_codes(
+        self, predecessor_ids: torch.Tensor, candidate_ids: torch.Tensor, embedding_table: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Predecessor codes of ``predecessor_ids`` and successor codes of ``candidate_ids`` (``[..., rank]`` each).
+
+        A factorised selector embeds the tokens with ``embedding_table`` and projects only those rows, never the
+        whole vocabulary.
+        """
+        if not self.factorised:
+            predecessors = F.embedding(predecessor_ids, self.predecessor_codebook)
+            return predecessors, F.embedding(candidate_ids, self.successor_codebook)
+        table = self._embedding_table(embedding_table)
+        predecessors = self.predecessor_projection(F.embedding(predecessor_ids, table))
+        return predecessors, self.successor_projection(F.embedding(candidate_ids, table))
+
+    def codebooks(self, embedding_table: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The full ``[vocab, rank]`` predecessor and successor codebooks, in float32.
+
+        For a factorised selector these are ``E @ A`` and ``E @ B`` computed from ``embedding_table``: the codebooks a
+        full-codebook selector needs to score exactly as this one does (what the published layout stores).
+        """
+        if not self.factorised:
+            return self.predecessor_codebook.float(), self.successor_codebook.float()
+        table = self._embedding_table(embedding_table).float()
+        return (F.linear(table, self.predecessor_projection.weight.float()),
+                F.linear(table, self.successor_projection.weight.float()))
 
     def pair_scores(
         self,
@@ -240,6 +292,7 @@ class CandidateSelector(nn.Module):
         predecessor_ids: torch.Tensor,
         candidate_ids: torch.Tensor,
         candidate_logits: torch.Tensor,
+        embedding_table: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Score every (predecessor, candidate) pair at every block position in one batched op.
 
@@ -248,13 +301,14 @@ class CandidateSelector(nn.Module):
             predecessor_ids: tokens that may precede each position, ``[batch, positions, P]``.
             candidate_ids: candidate tokens per position, ``[batch, positions, K]``.
             candidate_logits: the drafter's logits of those candidates, ``[batch, positions, K]``.
+            embedding_table: the target's input embedding matrix ``[vocab, hidden]``
+                (``target.get_input_embeddings().weight``); required by a factorised selector, unused otherwise.
 
         Returns:
             ``[batch, positions, P, K]`` scores.
         """
         gate = self.hidden_projection(hidden)
-        predecessors = F.embedding(predecessor_ids, self.predecessor_codebook)
-        successors = F.embedding(candidate_ids, self.successor_codebook)
+        predecessors, successors = self.token_codes(predecessor_ids, candidate_ids, embedding_table)
         follow = torch.einsum("blpr,blr,blkr->blpk", predecessors, gate.to(predecessors.dtype), successors)
         return candidate_logits[:, :, None, :] + follow.to(candidate_logits.dtype)
 
@@ -288,7 +342,7 @@ class DFlashPreTrainedModel(PreTrainedModel):
             init.zeros_(module.base_kernel)
             with torch.no_grad():
                 init.ones_(module.base_kernel[:, 0])
-        elif isinstance(module, CandidateSelector):
+        elif isinstance(module, CandidateSelector) and not module.factorised:  # its projections are nn.Linear
             init.normal_(module.predecessor_codebook, mean=0.0, std=std)
             init.normal_(module.successor_codebook, mean=0.0, std=std)
 

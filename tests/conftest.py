@@ -63,9 +63,9 @@ def tiny_drafter(kind: str = "dflash2", seed: int = 0, **overrides) -> DFlashDra
     return randomize(DFlashDraftModel.class_for_config(config)(config).eval(), seed)
 
 
-def new_drafter(kind: str = "dflash2") -> DFlashDraftModel:
+def new_drafter(kind: str = "dflash2", **overrides) -> DFlashDraftModel:
     """An untrained tiny drafter as training starts one: default initialisation, seeded."""
-    config = tiny_drafter_config(kind)
+    config = tiny_drafter_config(kind, **overrides)
     torch.manual_seed(0)
     return DFlashDraftModel.class_for_config(config)(config)
 

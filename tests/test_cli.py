@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PUBLISHED, REFERENCE, tiny_target
+from conftest import PUBLISHED, REFERENCE, tiny_drafter_config, tiny_target
 from safetensors.torch import load_file
 
 from dflash2_hf import DFlash2DraftModel, DFlashDraftModel
@@ -120,6 +120,13 @@ def test_info_reads_a_published_config_without_weights(capsys, tmp_path):
     assert info["selector_parameters"] == 256 * 6656 + 2 * 202048 * 256  # 105M: the published selector's real size
 
 
+def test_info_counts_a_factorised_selector_without_the_vocabulary(capsys, tmp_path):
+    tiny_drafter_config("dflash2", selector_factorised=True).save_pretrained(tmp_path)
+    assert main(["info", str(tmp_path)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["selector"] == "factorised" and info["selector_parameters"] == 3 * 64 * 8  # W, A, B: hidden x rank
+
+
 def test_data_answers_the_chat_file_prompts_with_the_target(data, target):
     out, printed = data
     records = [json.loads(line) for shard in sorted(out.glob("shard-*.jsonl")) for line in shard.read_text().splitlines()]
@@ -163,6 +170,17 @@ def test_train_init_from_upgrades_a_dflash_v1_drafter_to_dflash2(target, data, t
     assert isinstance(upgraded, DFlash2DraftModel) and upgraded.config.selector_rank == 8
     before, after = load_file(v1 / "model.safetensors"), load_file(tmp_path / "v2" / "drafter" / "model.safetensors")
     assert all(torch.equal(before[name], after[name]) for name in before), "the v1 weights are kept, frozen"
+
+
+def test_train_factorised_selector_then_export_it_in_the_published_layout(target, data, tmp_path):
+    run(train_argv(target, data[0], tmp_path / "run", "--factorised-selector"))
+    drafter = DFlashDraftModel.from_pretrained(tmp_path / "run" / "drafter")
+    assert drafter.config.selector_factorised
+    assert drafter.candidate_selector.predecessor_projection.weight.shape == (8, 64)
+    run(["export", str(tmp_path / "run" / "drafter"), str(tmp_path / "hub"), "--published-layout", "--target", target])
+    published = DFlashDraftModel.from_pretrained(tmp_path / "hub")
+    assert not published.config.selector_factorised
+    assert published.candidate_selector.predecessor_codebook.shape == (drafter.config.vocab_size, 8)
 
 
 def test_evaluate_writes_the_acceptance_of_every_path_and_temperature(target, trained, tmp_path):

@@ -49,6 +49,8 @@ def test_unknown_architecture_is_refused(tmp_path):
         ({"conv_group_size": None}, "must be set together"),
         ({"conv_group_size": 24}, "not a multiple of conv_group_size"),
         ({"vocab_size": None}, "needs vocab_size"),
+        ({"selector_factorised": "yes"}, "selector_factorised must be true or false, got 'yes'"),
+        ({"selector_rank": None, "selector_factorised": True}, "selector_factorised needs a candidate selector"),
     ],
 )
 def test_inconsistent_config_names_the_problem(overrides, message):
@@ -74,6 +76,18 @@ def test_serialised_config_nests_drafting_fields_and_round_trips(tmp_path):
     assert saved["dflash_config"]["selector_rank"] == 8 and "selector_rank" not in saved
     reloaded = DFlashConfig.from_pretrained(tmp_path)
     assert reloaded.to_dict() == config.to_dict()
+
+
+def test_factorised_selector_setting_is_nested_and_round_trips(tmp_path):
+    tiny_drafter_config("dflash2", selector_factorised=True).save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["dflash_config"]["selector_factorised"] is True and "selector_factorised" not in saved
+    assert DFlashConfig.from_pretrained(tmp_path).selector_factorised is True
+
+
+def test_a_config_without_the_setting_keeps_the_published_codebooks():
+    config = DFlashConfig.from_pretrained(PUBLISHED / "muse-glimmer-30b-dflash2.config.json")
+    assert config.selector_factorised is False
 
 
 def test_fitting_target_passes():

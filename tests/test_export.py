@@ -198,6 +198,57 @@ def test_published_layout_matches_the_published_dflash2_checkpoint(drafter_folde
     torch.testing.assert_close(drafter_outputs(exported, inputs), expected, atol=0, rtol=0)
 
 
+def published_tensor_names() -> set[str]:
+    """Tensor names of the published DFlash 2 checkpoint, layer indices replaced by N."""
+    header = json.loads((PUBLISHED / "muse-glimmer-30b-dflash2.safetensors-header.json").read_text())
+    return {re.sub(r"^layers\.\d+\.", "layers.N.", name) for name in header if name != "__metadata__"}
+
+
+@pytest.fixture
+def factorised_folder(tmp_path):
+    """A saved tiny DFlash 2 drafter (float32) whose selector is factorised over the target's input embeddings."""
+    folder = tmp_path / "factorised"
+    tiny_drafter("dflash2", selector_factorised=True).save_pretrained(folder)
+    return folder
+
+
+def test_published_layout_materialises_a_factorised_selector_that_drafts_the_same_paths(factorised_folder, tmp_path):
+    target = tiny_target()
+    out = export_drafter(factorised_folder, tmp_path / "hub", published_layout=True, target=target,
+                         dtype=torch.float32)
+    assert set(tensor_layout(out / "model.safetensors")) == published_tensor_names()
+    published = DFlashDraftModel.from_pretrained(out)
+    assert not published.config.selector_factorised
+    assert published.candidate_selector.successor_codebook.shape == (96, 8)
+    factorised = DFlashDraftModel.from_pretrained(factorised_folder)
+    inputs = torch.randint(0, 90, (1, 10), generator=torch.Generator().manual_seed(3))
+    runs = []
+    for drafter in (factorised, published):
+        output = target.generate(inputs, do_sample=False, max_new_tokens=24, assistant_model=drafter,
+                                 dflash_record_drafts=True)
+        runs.append((output, drafter.last_generation_stats.drafts))
+    (output, drafts), (published_output, published_drafts) = runs
+    assert torch.equal(output, published_output)
+    assert [d.path for d in drafts] == [d.path for d in published_drafts]
+    assert any(any(d.path) for d in drafts), "the selector, not the drafter's top-1, picked some tokens"
+    assert all(torch.equal(d.candidate_ids, p.candidate_ids) for d, p in zip(drafts, published_drafts))
+
+
+def test_published_layout_of_a_factorised_selector_needs_its_target(factorised_folder, tmp_path):
+    with pytest.raises(ExportError, match=r"selector is factorised.*pass the target \(--target\)"):
+        export_drafter(factorised_folder, tmp_path / "hub", published_layout=True)
+    with pytest.raises(ExportError, match="vocabulary: drafter 96, target 128"):
+        export_drafter(factorised_folder, tmp_path / "hub", published_layout=True, target=tiny_target(vocab_size=128))
+    assert not (tmp_path / "hub").exists()
+
+
+def test_default_layout_keeps_a_factorised_selector_and_says_so(factorised_folder, tmp_path):
+    out = export_drafter(factorised_folder, tmp_path / "hub")
+    assert DFlashDraftModel.from_pretrained(out).config.selector_factorised
+    card = (out / "README.md").read_text()
+    assert "(1,536 in the\ncandidate selector, factorised over the target's input embeddings)" in card
+
+
 def test_published_layout_refuses_what_it_cannot_describe(drafter_folder, tmp_path):
     with pytest.raises(ExportError, match="no field for default_path_strategy='viterbi'"):
         export_drafter(drafter_folder, tmp_path / "hub", published_layout=True, path="viterbi")

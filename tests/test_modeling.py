@@ -2,11 +2,11 @@
 
 import pytest
 import torch
-from conftest import tiny_drafter, tiny_drafter_config
+from conftest import tiny_drafter, tiny_drafter_config, tiny_target
 from transformers import DynamicCache
 
 from dflash2_hf import DFlash2DraftModel, DFlashDraftModel
-from dflash2_hf.modeling import GroupedDynamicConv
+from dflash2_hf.modeling import CandidateSelector, GroupedDynamicConv
 
 
 def block_inputs(drafter, context_length=10, seed=0):
@@ -133,3 +133,43 @@ def test_selector_pair_scores_are_logit_plus_gated_bilinear_term():
     term = (selector.predecessor_codebook[predecessors[0, position, a]] * gate * selector.successor_codebook[candidates[0, position, b]]).sum()
     torch.testing.assert_close(scores[0, position, a, b], logits[0, position, b] + term)
     assert scores.shape == (1, 3, 4, 4)
+
+
+def selector_inputs(seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Hidden states, predecessor and candidate ids and candidate logits of 2 blocks of 3 positions, 4 candidates."""
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(2, 3, 64, generator=generator), torch.randint(0, 96, (2, 3, 4), generator=generator),
+            torch.randint(0, 96, (2, 3, 4), generator=generator), torch.randn(2, 3, 4, generator=generator))
+
+
+def test_factorised_selector_scores_exactly_as_codebooks_materialised_from_the_target_embeddings(one_thread):
+    factorised = tiny_drafter("dflash2", selector_factorised=True).candidate_selector
+    table = tiny_target().get_input_embeddings().weight.detach()
+    full = tiny_drafter("dflash2").candidate_selector
+    with torch.no_grad():
+        full.hidden_projection.weight.copy_(factorised.hidden_projection.weight)
+        predecessors, successors = factorised.codebooks(table)
+        full.predecessor_codebook.copy_(predecessors)
+        full.successor_codebook.copy_(successors)
+    torch.testing.assert_close(predecessors, table @ factorised.predecessor_projection.weight.T)  # P = E @ A
+    inputs = selector_inputs()
+    with torch.no_grad():
+        assert torch.equal(factorised.pair_scores(*inputs, embedding_table=table), full.pair_scores(*inputs))
+
+
+@pytest.mark.parametrize("vocab_size", [96, 50_000])
+def test_factorised_selector_size_does_not_depend_on_the_vocabulary(vocab_size):
+    config = tiny_drafter_config("dflash2", vocab_size=vocab_size, selector_factorised=True)
+    with torch.device("meta"):
+        selector = CandidateSelector(config)
+    shapes = {name: tuple(p.shape) for name, p in selector.named_parameters()}
+    assert shapes == {"hidden_projection.weight": (8, 64), "predecessor_projection.weight": (8, 64),
+                      "successor_projection.weight": (8, 64)}  # W, A, B: 3 x hidden x rank
+
+
+def test_factorised_selector_asks_for_the_target_embeddings():
+    selector = tiny_drafter("dflash2", selector_factorised=True).candidate_selector
+    with pytest.raises(ValueError, match=r"factorised.*pass embedding_table=target.get_input_embeddings\(\).weight"):
+        selector.pair_scores(*selector_inputs())
+    with pytest.raises(ValueError, match=r"\[vocab, 64\] input embedding matrix, got shape \[96, 32\]"):
+        selector.pair_scores(*selector_inputs(), embedding_table=torch.zeros(96, 32))

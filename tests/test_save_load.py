@@ -44,6 +44,27 @@ def test_saved_folder_is_safetensors_with_remote_code(tmp_path):
     assert "candidate_selector.predecessor_codebook" in load_file(tmp_path / "model.safetensors")
 
 
+def test_factorised_selector_checkpoint_holds_only_its_projections(tmp_path):
+    tiny_drafter("dflash2", selector_factorised=True).save_pretrained(tmp_path)
+    selector = {name: tuple(tensor.shape) for name, tensor in load_file(tmp_path / "model.safetensors").items()
+                if name.startswith("candidate_selector.")}
+    assert selector == {f"candidate_selector.{name}.weight": (8, 64)
+                        for name in ("hidden_projection", "predecessor_projection", "successor_projection")}
+
+
+@pytest.mark.parametrize(("saved", "declared", "missing", "unexpected"), [
+    (False, True, "predecessor_projection", "predecessor_codebook"),
+    (True, False, "predecessor_codebook", "predecessor_projection"),
+])
+def test_selector_kind_must_match_the_checkpoint(tmp_path, saved, declared, missing, unexpected):
+    tiny_drafter("dflash2", selector_factorised=saved).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["dflash_config"]["selector_factorised"] = declared
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(DrafterLoadError, match=f"missing keys:.*{missing}.*unexpected keys:.*{unexpected}"):
+        DFlashDraftModel.from_pretrained(tmp_path)
+
+
 def test_auto_model_loads_a_saved_folder_without_remote_code(tmp_path):
     tiny_drafter("dflash2").save_pretrained(tmp_path)
     assert type(AutoModel.from_pretrained(tmp_path)) is DFlash2DraftModel

@@ -38,10 +38,10 @@ def records(target):
     return rows
 
 
-def trainer(target, records, folder, steps, **overrides):
-    config = TrainingConfig(output_dir=str(folder), steps=steps, batch_size=4, blocks_per_sequence=4, warmup_steps=5,
-                            learning_rate=3e-3, checkpoint_every=5, **overrides)
-    return DrafterTrainer(new_drafter(), target, records, config)
+def trainer(target, records, folder, steps, drafter=None, **overrides):
+    settings = dict(batch_size=4, blocks_per_sequence=4, warmup_steps=5, learning_rate=3e-3, checkpoint_every=5)
+    config = TrainingConfig(output_dir=str(folder), steps=steps, **settings | overrides)
+    return DrafterTrainer(drafter or new_drafter(), target, records, config)
 
 
 def test_a_few_steps_reduce_drafter_and_selector_losses(target, records, tmp_path):
@@ -50,6 +50,19 @@ def test_a_few_steps_reduce_drafter_and_selector_losses(target, records, tmp_pat
     last = sum(h["drafter_loss"] for h in history[-5:]) / 5
     assert last < 0.8 * first
     assert sum(h["selector_loss"] for h in history[-5:]) < sum(h["selector_loss"] for h in history[:5])
+
+
+def test_a_few_selector_steps_reduce_the_factorised_selector_loss(target, records, tmp_path):
+    run = trainer(target, records, tmp_path, steps=40, drafter=new_drafter(selector_factorised=True),
+                  train_drafter=False, learning_rate=1e-2)  # the drafter frozen: only the selector can lower the loss
+
+    def selector_loss_on_fixed_batches() -> float:
+        with torch.no_grad():
+            return sum(run.losses(run.batch_for_step(1000 + i))[1].selector_loss for i in range(4)) / 4
+
+    before = selector_loss_on_fixed_batches()
+    run.train()
+    assert selector_loss_on_fixed_batches() < 0.8 * before
 
 
 def test_resuming_after_a_stop_gives_the_same_state_as_an_unbroken_run(target, records, tmp_path, one_thread):
