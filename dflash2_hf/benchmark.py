@@ -57,16 +57,26 @@ class Method:
         return Decoded(output, time.perf_counter() - started)
 
 
-def standard_methods(drafter, paths=("argmax",) + SELECTOR_PATHS, assistant=None, prompt_lookup: int = 10) -> list[Method]:
-    """Plain decoding, prompt lookup, transformers' built-in DFlash on our drafter, ours per path, and classic
-    assisted generation when a small draft LM is given."""
+def standard_methods(
+    drafter, paths=("argmax",) + SELECTOR_PATHS, assistant=None, prompt_lookup: int = 10,
+    block_sizes: list[int] | None = None,
+) -> list[Method]:
+    """Plain decoding, prompt lookup, transformers' built-in DFlash on our drafter, ours per path (and per verified
+    block size when several are given: names end in ``b<size>``), and classic assisted generation when a small draft
+    LM is given."""
     methods = [Method("plain"), Method("prompt lookup", {"prompt_lookup_num_tokens": prompt_lookup})]
     if assistant is not None:
         methods.append(Method("assisted (draft LM)", {"assistant_model": assistant}))
     if drafter is not None:
         methods.append(Method("transformers dflash", {"assistant_model": drafter, "speculation_type": "dflash"}))
-        methods += [Method(f"dflash2 {p}", {"assistant_model": drafter, "dflash_path": p, "dflash_record_drafts": True})
-                    for p in paths if p == "argmax" or drafter.config.is_dflash2]
+        sizes = block_sizes or [None]
+        for path in (p for p in paths if p == "argmax" or drafter.config.is_dflash2):
+            for size in sizes:
+                kwargs = {"assistant_model": drafter, "dflash_path": path, "dflash_record_drafts": True}
+                if size is not None:
+                    kwargs["dflash_block_size"] = size
+                suffix = f" b{size}" if len(sizes) > 1 else ""
+                methods.append(Method(f"dflash2 {path}{suffix}", kwargs))
     return methods
 
 

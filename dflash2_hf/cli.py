@@ -153,8 +153,10 @@ def bench(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    drafter_folder = args.drafter or default_drafter_folder(args.target)
-    settings = {"target": args.target, "drafter": str(drafter_folder), "dtype": args.dtype, "threads": args.threads,
+    drafter_folder = None if args.no_drafter else args.drafter or default_drafter_folder(args.target)
+    if args.reference_venv and drafter_folder is None:
+        raise SystemExit("dflash2-hf bench: the reference peer drafts with our drafter; drop --no-drafter.")
+    settings = {"target": args.target, "drafter": drafter_folder and str(drafter_folder), "block_sizes": args.block_sizes, "dtype": args.dtype, "threads": args.threads,
                 "max_new_tokens": args.max_new_tokens, "prompts": args.prompts, "per_source": args.per_source}
     try:
         with ExitStack() as stack:
@@ -165,10 +167,11 @@ def bench(args: argparse.Namespace) -> None:
                                                          gguf_file=gguf_file, dtype=dtype, threads=args.threads))
                 settings["reference"] = {"venv": str(args.reference_venv), **peer.versions}
             target, tokenizer = load_target(args.target, dtype=dtype)
-            drafter = DFlashDraftModel.from_pretrained(drafter_folder, dtype=dtype).eval()
+            drafter = DFlashDraftModel.from_pretrained(drafter_folder, dtype=dtype).eval() if drafter_folder else None
             assistant = load_target(args.assistant, dtype=dtype)[0] if args.assistant else None
             prompts = benchmark_prompts(tokenizer, args.prompts, args.per_source)
-            methods = standard_methods(drafter, args.paths, assistant) + ([ReferenceMethod(peer)] if peer else [])
+            methods = standard_methods(drafter, args.paths, assistant, block_sizes=args.block_sizes)
+            methods += [ReferenceMethod(peer)] if peer else []
             runs = Benchmark(target, methods, max_new_tokens=args.max_new_tokens).run(prompts, args.temperatures)
     except ReferencePeerError as error:
         raise SystemExit(f"dflash2-hf bench: {error}") from None
@@ -266,6 +269,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     measure.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     measure.add_argument("--threads", type=int, default=torch.get_num_threads())
     measure.add_argument("--out", default="bench", help="folder for results.json, results.md and plots")
+    measure.add_argument("--block-sizes", nargs="+", type=int, metavar="N",
+                         help="verified block sizes to compare (default: the drafter's); one method per path and size")
+    measure.add_argument("--no-drafter", action="store_true",
+                         help="leave our drafter out (e.g. a target without a drafter yet, with --assistant)")
     measure.add_argument("--reference-venv", nargs="?", const=str(DEFAULT_VENV), metavar="VENV",
                          help="also run the authors' reference implementation (PyPI dflash 0.1.0) on the same target "
                               "and drafter, from this venv (the flag alone: ./.venv-reference)")

@@ -73,3 +73,22 @@ def test_recall_compares_each_position_with_the_emitted_token():
     record = DraftRecord(anchor_position=2, candidate_ids=torch.tensor([[4, 5], [6, 7]]), path=[4, 6])
     recall = draft_recall([record], sequence=[0, 0, 0, 5, 6])
     assert recall == {"top1": [[False, True]], "topk": [[True, True]], "oracle": [3]}
+
+
+def test_several_block_sizes_give_one_method_per_path_and_size():
+    methods = standard_methods(tiny_drafter("dflash2"), paths=("argmax", "greedy"), block_sizes=[2, 8])
+    sized = {m.name: m.generate_kwargs.get("dflash_block_size") for m in methods if m.name.startswith("dflash2")}
+    assert sized == {"dflash2 argmax b2": 2, "dflash2 argmax b8": 8, "dflash2 greedy b2": 2, "dflash2 greedy b8": 8}
+
+
+def test_a_verified_block_size_caps_every_cycle():
+    target, drafter = tiny_target("qwen3"), tiny_drafter("dflash2")
+    method = next(m for m in standard_methods(drafter, paths=("greedy",), block_sizes=[3, 8]) if m.name.endswith("b3"))
+    prompt = torch.randint(0, 90, (1, 10), generator=torch.Generator().manual_seed(0))
+    run = Benchmark(target, [method], max_new_tokens=16).run([("code", prompt)], [0.0])[0]
+    assert run.acceptance_lengths and max(run.acceptance_lengths) <= 3
+
+
+def test_without_a_drafter_only_the_drafter_free_methods_run():
+    names = [m.name for m in standard_methods(None, assistant=tiny_target("qwen3", seed=1))]
+    assert names == ["plain", "prompt lookup", "assisted (draft LM)"]

@@ -248,3 +248,29 @@ def test_accelerate_launch_trains_with_two_processes(target, data, tmp_path):
     record = json.loads((tmp_path / "ddp" / "drafter" / "training.json").read_text())
     assert record["budget"]["steps"] == 3
     assert isinstance(DFlashDraftModel.from_pretrained(tmp_path / "ddp" / "drafter"), DFlash2DraftModel)
+
+
+def bench_once(*argv: str) -> dict:
+    """One small `dflash2-hf bench` run (1 HumanEval prompt, T=0, 6 new tokens, 1 thread): its results.json."""
+    threads = torch.get_num_threads()
+    out = Path(argv[argv.index("--out") + 1])
+    try:
+        run(["bench", "--prompts", "humaneval", "--per-source", "1", "--temperatures", "0", "--max-new-tokens", "6",
+             "--threads", "1", *argv])
+    finally:
+        torch.set_num_threads(threads)
+    return json.loads((out / "results.json").read_text())
+
+
+def test_bench_compares_verified_block_sizes(target, trained, tmp_path):
+    report = bench_once("--target", target, "--drafter", str(trained / "drafter"), "--paths", "greedy",
+                        "--block-sizes", "2", "4", "--out", str(tmp_path))
+    methods = {row["method"] for row in report["summary"]}
+    assert {"dflash2 greedy b2", "dflash2 greedy b4"} <= methods
+    assert report["settings"]["block_sizes"] == [2, 4]
+
+
+def test_bench_without_a_drafter_runs_classic_assisted_generation(target, tmp_path):
+    report = bench_once("--target", target, "--no-drafter", "--assistant", target, "--out", str(tmp_path))
+    assert {row["method"] for row in report["summary"]} == {"plain", "prompt lookup", "assisted (draft LM)"}
+    assert report["settings"]["drafter"] is None

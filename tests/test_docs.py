@@ -168,6 +168,9 @@ def test_relative_link_points_to_an_existing_file_and_heading(page, target):
 # finds the subcommand and each `--option` among the string literals of the test and of the fixtures and helpers it
 # uses (a guard against drift, not a proof that every option reaches the same call).
 DOCUMENTED_COMMANDS = {
+    # docs/results.md: the reference implementation as a bench peer (CI builds its venv).
+    ".venv-reference/bin/pip install gguf accelerate": "CI: .venv-reference/bin/pip install --quiet gguf accelerate",
+    "dflash2-hf bench --reference-venv": "tests/test_reference_peer.py::test_smollm2_bench_runs_the_reference_as_a_peer",
     # README.md and docs/quickstart.md: install, the two commands.
     "pip install torch==2.13.0": "CI: pip install --quiet torch==2.13.0",
     'pip install -e ".[test,train]"': 'CI: pip install --quiet -e ".[test,train]"',
