@@ -41,6 +41,7 @@ def train(args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from .data import describe_data, read_responses
+    from .export import read_training_record
     from .plots import training_curves
     from .presets import load_target, target_name
     from .training import (DrafterTrainer, TrainingConfig, drafter_config_for, drafter_to_continue,
@@ -75,7 +76,10 @@ def train(args: argparse.Namespace) -> None:
     trainer = DrafterTrainer(drafter, target, records, training)
     history = trainer.train()
     export = Path(args.export or out / "drafter")
-    trainer.export(export, provenance={"target": target_name(args.target), "data": describe_data(args.data, len(records))})
+    provenance = {"target": target_name(args.target), "data": describe_data(args.data, len(records))}
+    if args.init_from:  # keep the record of the run this one continues
+        provenance["started_from"] = read_training_record(Path(args.init_from)) or {"drafter": args.init_from}
+    trainer.export(export, provenance=provenance)
     if trainer.accelerator.is_main_process:  # the export folder exists on the main process only
         training_curves(history, export / "training_curves.png")
         print(f"drafter saved to {export}")

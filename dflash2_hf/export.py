@@ -195,6 +195,13 @@ def training_section(record: dict | None) -> str:
     settings = {name: value for name, value in record.get("config", {}).items() if name != "output_dir"}
     if settings:
         lines.append("* Settings: " + ", ".join(f"`{name}={_format(value)}`" for name, value in settings.items()))
+    earlier = record.get("started_from")
+    if earlier:  # a continued run: the earlier stages' own records, oldest last
+        lines.append("* Continued from a drafter trained earlier:")
+        while earlier:
+            budget = ", ".join(f"{name} {_format(value)}" for name, value in earlier.get("budget", {}).items())
+            lines.append(f"  * {earlier.get('data', 'data not recorded')}" + (f"; budget: {budget}" if budget else ""))
+            earlier = earlier.get("started_from")
     return "Recorded in `training.json` by `dflash2-hf train`:\n\n" + "\n".join(lines)
 
 

@@ -159,6 +159,8 @@ def test_train_init_from_with_selector_only_changes_only_the_selector(target, da
     selector = {name for name in before if name.startswith("candidate_selector.")}
     assert selector and all(not torch.equal(before[name], after[name]) for name in selector)
     assert all(torch.equal(before[name], after[name]) for name in before.keys() - selector)
+    record = json.loads((tmp_path / "run" / "drafter" / "training.json").read_text())
+    assert record["started_from"] == json.loads((source / "training.json").read_text()), "the earlier run's record is kept"
 
 
 def test_train_init_from_upgrades_a_dflash_v1_drafter_to_dflash2(target, data, tmp_path):

@@ -293,3 +293,13 @@ def test_cli_exports_and_refuses(drafter_folder, tmp_path, capsys):
     assert front_matter((out / "README.md").read_text())["base_model"] == "org/tiny-target"
     with pytest.raises(SystemExit, match="dflash2-hf export: .*exists and is not empty; .*--overwrite"):
         main(["export", str(drafter_folder), str(out)])
+
+
+def test_card_of_a_continued_drafter_lists_the_earlier_runs():
+    from dflash2_hf.export import training_section
+
+    first = {"data": "100 responses", "budget": {"steps": 5}}
+    second = {"data": "200 responses", "budget": {"steps": 7}, "started_from": first}
+    card = training_section({"target": "t", "data": "300 responses", "budget": {"steps": 9}, "started_from": second})
+    assert card.index("* Budget: steps 9") < card.index("  * 200 responses; budget: steps 7") < card.index(
+        "  * 100 responses; budget: steps 5")
