@@ -227,3 +227,26 @@ def test_smollm2_reference_greedy_tokens_equal_plain_greedy_in_fp32(reference_ve
                                    dflash_path="greedy")
             reply = peer.generate(inputs[0].tolist(), 16, **sampling_settings(target))
             assert reply["output_ids"] == plain[0].tolist() == ours[0].tolist()
+
+
+@pytest.mark.slow
+def test_the_committed_parity_fixtures_are_what_the_reference_writes(reference_venv, tmp_path):
+    """docs/drafter.md's fixture command, run again: the files the parity tests read are the reference's own output."""
+    import subprocess
+
+    from safetensors.torch import load_file
+
+    subprocess.run([str(reference_venv / "bin" / "python"), str(ROOT / "scripts" / "make_reference_fixtures.py"),
+                    str(tmp_path)], check=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    committed = ROOT / "tests" / "fixtures" / "reference"
+    names = sorted(str(p.relative_to(committed)) for p in committed.rglob("*") if p.is_file())
+    assert names == sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    for name in names:
+        if name.endswith(".safetensors"):
+            ours, fresh = load_file(committed / name), load_file(tmp_path / name)
+            assert ours.keys() == fresh.keys(), name
+            for key in ours:  # weights and token ids exactly; computed floats to float32 rounding (thread counts)
+                tolerance = {"atol": 1e-6, "rtol": 1e-5} if ours[key].is_floating_point() else {"atol": 0, "rtol": 0}
+                torch.testing.assert_close(fresh[key], ours[key], **tolerance, msg=f"{name}: {key}")
+        else:
+            assert json.loads((committed / name).read_text()) == json.loads((tmp_path / name).read_text()), name
