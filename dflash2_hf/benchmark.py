@@ -163,7 +163,7 @@ class Benchmark:
 def _quartiles(values: list[float]) -> tuple[float, float, float]:
     if len(values) < 2:
         return (values[0],) * 3 if values else (float("nan"),) * 3
-    q1, median, q3 = statistics.quantiles(values, n=4)
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")  # within the observed range
     return q1, median, q3
 
 
@@ -268,7 +268,8 @@ def write_report(runs: list[Run], folder: str | Path, command: str, settings: di
     report = {"command": command, "settings": settings, "environment": environment(), "summary": rows,
               "summary_by_benchmark": by_benchmark, "runs": [asdict(r) for r in runs]}
     (folder / "results.json").write_text(json.dumps(report, indent=2))
-    (folder / "results.md").write_text(f"Command: `{command}`\n\n{markdown_table(rows)}\n\n"
-                                       f"Mean acceptance length by prompt source:\n\n{acceptance_table(by_benchmark)}\n")
+    by_source = (f"\nMean acceptance length by prompt source:\n\n{acceptance_table(by_benchmark)}\n"
+                 if any("mean_acceptance_length" in row for row in by_benchmark) else "")
+    (folder / "results.md").write_text(f"Command: `{command}`\n\n{markdown_table(rows)}\n{by_source}")
     benchmark_plots(rows, folder)
     return report

@@ -92,3 +92,20 @@ def test_a_verified_block_size_caps_every_cycle():
 def test_without_a_drafter_only_the_drafter_free_methods_run():
     names = [m.name for m in standard_methods(None, assistant=tiny_target("qwen3", seed=1))]
     assert names == ["plain", "prompt lookup", "assisted (draft LM)"]
+
+
+def test_speedup_quartiles_stay_within_the_observed_ratios():
+    from dflash2_hf.benchmark import Run, summarize
+
+    runs = [Run("plain", i, "code", 0.0, 10, 1.0) for i in range(2)]
+    runs += [Run("fast", 0, "code", 0.0, 10, 0.25), Run("fast", 1, "code", 0.0, 10, 1.0)]
+    row = next(r for r in summarize(runs) if r["method"] == "fast")
+    assert (row["speedup_q1"], row["speedup_median"], row["speedup_q3"]) == (1.75, 2.5, 3.25)
+
+
+def test_a_report_without_drafting_methods_has_no_empty_acceptance_table(tmp_path):
+    from dflash2_hf.benchmark import Run
+
+    runs = [Run(m, i, "code", 0.0, 10, 1.0) for m in ("plain", "prompt lookup") for i in range(2)]
+    write_report(runs, tmp_path, "dflash2-hf bench (test)", {})
+    assert "Mean acceptance length" not in (tmp_path / "results.md").read_text()

@@ -266,13 +266,14 @@ def bench_once(*argv: str) -> dict:
 
 def test_bench_compares_verified_block_sizes(target, trained, tmp_path):
     report = bench_once("--target", target, "--drafter", str(trained / "drafter"), "--paths", "greedy",
-                        "--block-sizes", "2", "4", "--out", str(tmp_path))
+                        "--block-sizes", "2", "4", "--dtype", "float32", "--out", str(tmp_path))
     methods = {row["method"] for row in report["summary"]}
     assert {"dflash2 greedy b2", "dflash2 greedy b4"} <= methods
     assert report["settings"]["block_sizes"] == [2, 4]
 
 
 def test_bench_without_a_drafter_runs_classic_assisted_generation(target, tmp_path):
-    report = bench_once("--target", target, "--no-drafter", "--assistant", target, "--out", str(tmp_path))
+    report = bench_once("--target", target, "--no-drafter", "--assistant", target, "--dtype", "bfloat16",
+                        "--out", str(tmp_path))
     assert {row["method"] for row in report["summary"]} == {"plain", "prompt lookup", "assisted (draft LM)"}
     assert report["settings"]["drafter"] is None

@@ -207,6 +207,10 @@ DOCUMENTED_COMMANDS = {
     "dflash2-hf train --data runs/smollm2-data --out runs/smollm2-train --steps 1200 --layers 2 --taps 3 "
     "--selector-rank 64 --block-size 16 --batch-size 4 --blocks 24 --lr 2e-3 --warmup 50 --checkpoint-every 100":
         "tests/test_cli.py::test_train_writes_a_drafter_for_the_target_with_its_record_and_curves",
+    # Stage 2 of the shipped drafter: the test continues its 3-step drafter for 3 more steps.
+    "dflash2-hf train --data runs/smollm2-data --out runs/smollm2-train2 --init-from runs/smollm2-train/drafter "
+    "--steps 2000 --batch-size 4 --blocks 24 --lr 1e-3 --warmup 50 --checkpoint-every 200":
+        "tests/test_cli.py::test_train_init_from_with_selector_only_changes_only_the_selector",
     # A DFlash v1 drafter trained by the test (--selector-rank 0), upgraded with a rank-8 selector in 3 steps.
     "dflash2-hf train --data runs/smollm2-data --out runs/smollm2-selector --init-from runs/v1-train/drafter "
     "--selector-only --selector-rank 64 --steps 300":
@@ -226,9 +230,22 @@ DOCUMENTED_COMMANDS = {
     "dflash2-hf bench --prompts humaneval mtbench --per-source 4 --temperatures 0 1 --max-new-tokens 128 "
     "--dtype bfloat16 --threads 2 --out docs/results/smollm2-135m":
         "tests/test_cli.py::test_bench_reports_every_method_at_every_temperature",
-    "dflash2-hf bench --prompts humaneval mtbench --per-source 4 --temperatures 0 1 --max-new-tokens 128 "
-    "--dtype float32 --threads 2 --out docs/results/smollm2-135m-fp32":
-        "tests/test_cli.py::test_bench_reports_every_method_at_every_temperature",
+    # The fp32 run with the reference peer: SmolLM2 and the shipped drafter (slow), 1 prompt per source, 12 tokens.
+    "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 4 --temperatures 0 1 --max-new-tokens 128 "
+    "--dtype float32 --threads 2 --reference-venv --out docs/results/smollm2-135m-fp32":
+        "tests/test_reference_peer.py::test_smollm2_bench_runs_the_reference_as_a_peer",
+    # The tiny target, 1 HumanEval prompt, 6 new tokens, blocks of 2 and 4.
+    "dflash2-hf bench --prompts humaneval mtbench --per-source 3 --paths greedy --block-sizes 2 4 8 16 --temperatures 0 "
+    "--max-new-tokens 96 --dtype float32 --threads 2 --out docs/results/smollm2-135m-block-sizes":
+        "tests/test_cli.py::test_bench_compares_verified_block_sizes",
+    # The tiny target drafting for itself as the assistant, 1 HumanEval prompt, 6 new tokens.
+    "dflash2-hf bench --target qwen2.5-coder-1.5b --assistant qwen2.5-coder-0.5b --no-drafter --prompts humaneval "
+    "mtbench --per-source 1 --temperatures 0 --max-new-tokens 64 --dtype bfloat16 --threads 2 "
+    "--out docs/results/qwen2.5-coder-1.5b-assisted":
+        "tests/test_cli.py::test_bench_without_a_drafter_runs_classic_assisted_generation",
+    # The real SmolLM2 and shipped drafter (slow), 16 new tokens instead of 128.
+    "python scripts/profile_cycle.py --out docs/results/profile-smollm2-135m-fp32.json":
+        "tests/test_scripts.py::test_profile_script_times_every_step_of_the_cycle_and_writes_them",
     # docs/drafter.md and docs/export.md: the factorised selector, 3 training steps on the tiny target, exported with it.
     "dflash2-hf train --factorised-selector":
         "tests/test_cli.py::test_train_factorised_selector_then_export_it_in_the_published_layout",
@@ -413,25 +430,36 @@ def test_each_registered_test_runs_the_documented_subcommand_with_its_options():
 def test_each_results_command_is_the_one_recorded_with_its_figures():
     """docs/results.md quotes, above each table, the command recorded in the results.json its --out folder holds."""
     quoted = re.findall(r"^Command: `(dflash2-hf bench [^`]*)`$", (DOCS / "results.md").read_text(), re.MULTILINE)
-    assert len(quoted) == 2
+    assert quoted, "docs/results.md quotes no bench command"
     for command in quoted:
         words = shlex.split(command)
         recorded = json.loads((ROOT / words[words.index("--out") + 1] / "results.json").read_text())["command"]
         assert command == recorded, f"docs/results.md quotes {command!r}; the figures were measured by {recorded!r}"
 
 
-def test_the_shipped_drafters_training_command_is_the_one_its_record_and_config_state():
-    train = next(c for c, pages in documented_commands().items() if "docs/results.md" in pages and " train " in f" {c} ")
-    words = shlex.split(train)
-    option = {word: words[index + 1] for index, word in enumerate(words) if word.startswith("--")}
+def test_the_shipped_drafters_training_commands_are_the_ones_its_record_and_config_state():
+    """docs/results.md quotes every training stage of the shipped drafter, oldest first: each stage's options are the
+    settings of its record (``training.json``, earlier stages nested under ``started_from``); the layout options of
+    the stage that built the drafter are its config."""
+    stages = [c for c, pages in documented_commands().items() if "docs/results.md" in pages and " train " in f" {c} "]
     folder = ROOT / "dflash2_hf" / "drafters" / "smollm2-135m"
-    record = json.loads((folder / "training.json").read_text())["config"]
+    records, record = [], json.loads((folder / "training.json").read_text())
+    while record:
+        records.insert(0, record)
+        record = record.get("started_from")
+    assert len(stages) == len(records), "one quoted command per recorded training stage"
     config = json.loads((folder / "config.json").read_text())
-    stated = {"--steps": record["steps"], "--batch-size": record["batch_size"], "--blocks": record["blocks_per_sequence"],
-              "--lr": record["learning_rate"], "--warmup": record["warmup_steps"],
-              "--checkpoint-every": record["checkpoint_every"], "--layers": config["num_hidden_layers"],
-              "--taps": len(config["dflash_config"]["target_layer_ids"]),
+    layout = {"--layers": config["num_hidden_layers"], "--taps": len(config["dflash_config"]["target_layer_ids"]),
               "--selector-rank": config["dflash_config"]["selector_rank"],
               "--block-size": config["dflash_config"]["block_size"]}
-    assert {name: float(option[name]) if name in option else None for name in stated} == {
-        name: float(value) for name, value in stated.items()}
+    for command, record in zip(stages, records):
+        words = shlex.split(command)
+        option = {word: words[index + 1] for index, word in enumerate(words) if word.startswith("--")}
+        settings = record["config"]
+        stated = {"--steps": settings["steps"], "--batch-size": settings["batch_size"],
+                  "--blocks": settings["blocks_per_sequence"], "--lr": settings["learning_rate"],
+                  "--warmup": settings["warmup_steps"], "--checkpoint-every": settings["checkpoint_every"]}
+        if "--init-from" not in option:
+            stated |= layout
+        assert {name: float(option[name]) if name in option else None for name in stated} == {
+            name: float(value) for name, value in stated.items()}, command

@@ -26,3 +26,20 @@ def test_long_run_memory_script_records_the_peak_at_every_mark_and_writes_it(tmp
     assert [mark["new_tokens"] for mark in record["marks"]] == [8, 16, 24]
     assert all(mark["peak_rss_mib"] >= record["peak_rss_mib_before"] > 0 for mark in record["marks"])
     assert "| 24 |" in result.stdout and f"written to {out}" in result.stdout
+
+
+@pytest.mark.slow
+def test_profile_script_times_every_step_of_the_cycle_and_writes_them(tmp_path):
+    """docs/results.md's `python scripts/profile_cycle.py --out ...` on 16 new tokens instead of 128."""
+    out = tmp_path / "profile.json"
+    command = [sys.executable, str(ROOT / "scripts" / "profile_cycle.py"), "--max-new-tokens", "16", "--threads", "1",
+               "--out", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.read_text())
+    steps = record["profiled_seconds_by_step"]
+    assert {"draft", "select", "verify_forward", "verify_decide", "cache_crop", "emit", "context", "prefill"} <= set(steps)
+    assert steps["verify_forward"] > 0 and steps["draft"] > 0, "the labelled steps were seen by the profiler"
+    assert sum(steps.values()) == pytest.approx(record["seconds"], rel=0.05)
+    assert record["cycles"] > 0 and record["new_tokens"] == 16
+    assert "| verify_forward |" in result.stdout
