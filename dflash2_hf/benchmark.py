@@ -270,6 +270,8 @@ def write_report(runs: list[Run], folder: str | Path, command: str, settings: di
     (folder / "results.json").write_text(json.dumps(report, indent=2))
     by_source = (f"\nMean acceptance length by prompt source:\n\n{acceptance_table(by_benchmark)}\n"
                  if any("mean_acceptance_length" in row for row in by_benchmark) else "")
-    (folder / "results.md").write_text(f"Command: `{command}`\n\n{markdown_table(rows)}\n{by_source}")
+    sizes = (f"Drafter: {settings['drafter_parameters']:,} parameters, of which the candidate selector "
+             f"{settings['selector_parameters']:,}.\n\n" if "selector_parameters" in settings else "")
+    (folder / "results.md").write_text(f"Command: `{command}`\n\n{sizes}{markdown_table(rows)}\n{by_source}")
     benchmark_plots(rows, folder)
     return report

@@ -172,6 +172,10 @@ def bench(args: argparse.Namespace) -> None:
                 settings["reference"] = {"venv": str(args.reference_venv), **peer.versions}
             target, tokenizer = load_target(args.target, dtype=dtype)
             drafter = DFlashDraftModel.from_pretrained(drafter_folder, dtype=dtype).eval() if drafter_folder else None
+            if drafter is not None:  # the selector's overhead in parameters, next to its share of the cycle time
+                described = describe_drafter(drafter_folder)
+                settings |= {"drafter_parameters": described["parameters"],
+                             "selector_parameters": described["selector_parameters"]}
             assistant = load_target(args.assistant, dtype=dtype)[0] if args.assistant else None
             prompts = benchmark_prompts(tokenizer, args.prompts, args.per_source)
             methods = standard_methods(drafter, args.paths, assistant, block_sizes=args.block_sizes)

@@ -205,6 +205,8 @@ def test_bench_reports_every_method_at_every_temperature(bench, dtype):
                          "dflash2 viterbi", "dflash2 expected") for t in (0.0, 1.0)}
     assert {row["benchmark"] for row in report["summary_by_benchmark"]} == {"humaneval", "mtbench"}
     assert report["settings"]["dtype"] == dtype and report["settings"]["per_source"] == 1
+    assert 0 < report["settings"]["selector_parameters"] < report["settings"]["drafter_parameters"]
+    assert "of which the candidate selector" in (folder / "results.md").read_text()
     assert "| dflash2 greedy |" in (folder / "results.md").read_text()
     assert (folder / "speedup.png").exists() and (folder / "drafts.png").exists()
 
