@@ -230,7 +230,8 @@ DOCUMENTED_COMMANDS = {
     "dflash2-hf bench --prompts humaneval mtbench --per-source 4 --temperatures 0 1 --max-new-tokens 128 "
     "--dtype bfloat16 --threads 2 --out docs/results/smollm2-135m":
         "tests/test_cli.py::test_bench_reports_every_method_at_every_temperature",
-    # The fp32 run with the reference peer: SmolLM2 and the shipped drafter (slow), 1 prompt per source, 12 tokens.
+    # The fp32 run with the reference peer: SmolLM2 and the shipped drafter (slow), 1 HumanEval and 1 MT-Bench prompt
+    # (CI installs no ShareGPT), 16 tokens.
     "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 4 --temperatures 0 1 --max-new-tokens 128 "
     "--dtype float32 --threads 2 --reference-venv --out docs/results/smollm2-135m-fp32":
         "tests/test_reference_peer.py::test_smollm2_bench_runs_the_reference_as_a_peer",

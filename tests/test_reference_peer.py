@@ -199,13 +199,13 @@ def test_a_worker_that_cannot_load_the_target_reports_why(reference_venv, tmp_pa
 
 @pytest.mark.slow
 def test_smollm2_bench_runs_the_reference_as_a_peer(reference_venv, tmp_path):
-    main(["bench", "--prompts", "humaneval", "mtbench", "sharegpt", "--per-source", "1", "--temperatures", "0",
+    main(["bench", "--prompts", "humaneval", "mtbench", "--per-source", "1", "--temperatures", "0",
           "--max-new-tokens", "16", "--paths", "greedy", "--dtype", "float32", "--threads", "1",
           "--reference-venv", str(reference_venv), "--out", str(tmp_path)])
     report = json.loads((tmp_path / "results.json").read_text())
     assert report["settings"]["reference"]["dflash"] == "0.1.0"
     methods = {row["method"]: row for row in report["summary"]}
-    assert methods["reference dflash"]["runs"] == 3 and methods["reference dflash"]["mean_acceptance_length"] >= 1
+    assert methods["reference dflash"]["runs"] == 2 and methods["reference dflash"]["mean_acceptance_length"] >= 1
 
 
 @pytest.mark.slow
