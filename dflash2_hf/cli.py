@@ -160,7 +160,8 @@ def bench(args: argparse.Namespace) -> None:
     drafter_folder = None if args.no_drafter else args.drafter or default_drafter_folder(args.target)
     if args.reference_venv and drafter_folder is None:
         raise SystemExit("dflash2-hf bench: the reference peer drafts with our drafter; drop --no-drafter.")
-    settings = {"target": args.target, "drafter": drafter_folder and str(drafter_folder), "block_sizes": args.block_sizes, "dtype": args.dtype, "threads": args.threads,
+    settings = {"target": args.target, "drafter": drafter_folder and str(drafter_folder),
+                "block_sizes": args.block_sizes, "dtype": args.dtype, "threads": args.threads,
                 "max_new_tokens": args.max_new_tokens, "prompts": args.prompts, "per_source": args.per_source}
     try:
         with ExitStack() as stack:
