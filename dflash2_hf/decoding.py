@@ -21,8 +21,9 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 from transformers.generation.streamers import BaseStreamer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from .block_length import CycleCost, cycle_cost_for
 from .drafting import BlockDrafter, DraftOptions
-from .lattice import PathStrategy, sample_path, select_path
+from .lattice import PathStrategy, path_confidences, sample_path, select_path
 from .modeling import DFlashDraftModel
 from .verification import SparseDistribution, Verdict, verify_greedy, verify_sampled
 
@@ -42,12 +43,14 @@ class DFlashStats:
 
     ``acceptance_lengths[c]`` counts the tokens cycle ``c`` emitted: the accepted drafted tokens plus the target's own
     token (correction or bonus), as the published DFlash figures count them; the first token, which comes from the
-    prefill, is not part of any cycle.
+    prefill, is not part of any cycle. ``verified_lengths[c]`` counts the drafted tokens cycle ``c`` sent to the
+    target (fewer than ``block_size - 1`` when the adaptive block length cut the path, or near ``max_new_tokens``).
     """
 
     path: str
     block_size: int
     acceptance_lengths: list[int] = field(default_factory=list)
+    verified_lengths: list[int] = field(default_factory=list)
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     select_seconds: float = 0.0
@@ -135,6 +138,19 @@ class DFlashDecoder:
         self.raw_logits: list[torch.Tensor] = []
         self.stats = DFlashStats(path=options.path.value, block_size=options.block_size,
                                  drafts=[] if options.record_drafts else None)
+        self.block_cutter = self._block_cutter(options)
+
+    def _block_cutter(self, options: DraftOptions):
+        """What decides how much of each drafted path to verify: ``None`` verifies it whole."""
+        if options.adaptive_block is False:
+            return None
+        if options.adaptive_block is True:
+            return cycle_cost_for(self.target, self.drafter, options.block_size)
+        cost = options.adaptive_block
+        if isinstance(cost, CycleCost) and len(cost.verify_seconds) < options.block_size:
+            raise ValueError(f"The cycle cost covers verifying {len(cost.verify_seconds)} tokens; this generation "
+                             f"verifies blocks of up to {options.block_size}.")
+        return cost
 
     def _forward(self, input_ids: torch.Tensor, **kwargs):
         return self.target(
@@ -221,12 +237,14 @@ class DFlashDecoder:
         with record_function("dflash2.emit"):
             sequence, stopped = self._emit(sequence, verdict.emitted)
         self.stats.acceptance_lengths.append(len(verdict.emitted))
+        self.stats.verified_lengths.append(len(path))
         with record_function("dflash2.context"):
             context = self.block.context_features(output.hidden_states, verdict.accepted + 1)
         return sequence, stopped, context
 
     def _pick_path(self, lattice, hidden: torch.Tensor, anchor_position: int) -> tuple[list[int], list]:
-        """The drafted path (pair-scored unless ``argmax``) and, when sampling, the distributions it was drawn from."""
+        """The drafted path (pair-scored unless ``argmax``; cut to its most profitable prefix when the block length is
+        adaptive) and, when sampling, the distributions it was drawn from."""
         distributions = []
         if self.options.path is not PathStrategy.ARGMAX:
             lattice = self.block.score(lattice, hidden)
@@ -235,6 +253,10 @@ class DFlashDecoder:
             distributions = [SparseDistribution(lattice.candidate_ids[0, i], q[0][i]) for i in range(picks.shape[1])]
         else:
             picks = select_path(lattice, self.options.path)
+        if self.block_cutter is not None:
+            confidences = path_confidences(lattice, picks, self.do_sample, self.temperature if self.do_sample else 1.0)
+            keep = self.block_cutter.verified_length(confidences[0].tolist())
+            picks, distributions = picks[:, :keep], distributions[:keep]
         path = lattice.tokens(picks)[0].tolist()
         if self.stats.drafts is not None:
             self.stats.drafts.append(DraftRecord(anchor_position, lattice.candidate_ids[0].cpu(), path))

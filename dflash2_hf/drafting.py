@@ -28,12 +28,17 @@ class DraftOptions:
         block_size: tokens per block, anchor included (at most the drafter's trained ``block_size``).
         top_k: candidates kept per position.
         record_drafts: keep every cycle's lattice in the statistics (benchmarks).
+        adaptive_block: verify each drafted path only up to where an extra token's expected gain stops paying for
+            its cost (:mod:`dflash2_hf.block_length`): ``True`` uses this machine's measured (and cached) cycle
+            cost; a :class:`~dflash2_hf.block_length.CycleCost` (or any object with its ``verified_length``) is used
+            as given.
     """
 
     path: PathStrategy
     block_size: int
     top_k: int
     record_drafts: bool = False
+    adaptive_block: object = False
 
     @classmethod
     def for_drafter(
@@ -43,6 +48,7 @@ class DraftOptions:
         block_size: int | None = None,
         top_k: int | None = None,
         record_drafts: bool = False,
+        adaptive_block: object = False,
     ) -> DraftOptions:
         """Resolve options: the call's value, else the drafter config's; validated."""
         config = drafter.config
@@ -60,7 +66,11 @@ class DraftOptions:
         top_k = int(_first_set(top_k, config.selector_top_k))
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}.")
-        return cls(path=path, block_size=block_size, top_k=top_k, record_drafts=bool(record_drafts))
+        if not (isinstance(adaptive_block, bool) or callable(getattr(adaptive_block, "verified_length", None))):
+            raise ValueError("adaptive_block must be True, False or a CycleCost (an object with verified_length()); "
+                             f"got {adaptive_block!r}.")
+        return cls(path=path, block_size=block_size, top_k=top_k, record_drafts=bool(record_drafts),
+                   adaptive_block=adaptive_block)
 
 
 def _first_set(*values):

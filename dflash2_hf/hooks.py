@@ -6,7 +6,7 @@ wraps three ``GenerationMixin`` methods so that, when the assistant is a DFlash 
 for transformers' own ``speculation_type="dflash"``):
 
 * ``_extract_generation_mode_kwargs`` also takes the per-call options ``dflash_path``, ``dflash_block_size``,
-  ``dflash_top_k`` and ``dflash_record_drafts`` out of the ``generate`` kwargs;
+  ``dflash_top_k``, ``dflash_record_drafts`` and ``dflash_adaptive_block`` out of the ``generate`` kwargs;
 * ``_validate_generation_mode`` checks the drafter fits the target and the arguments are supported, before any work,
   and skips the checks meant for classic draft LMs (vocabulary size, tokenizers);
 * ``_assisted_decoding`` runs :class:`~dflash2_hf.decoding.DFlashDecoder` instead of the classic loop.
@@ -30,6 +30,7 @@ OPTION_KWARGS = {
     "dflash_block_size": "block_size",
     "dflash_top_k": "top_k",
     "dflash_record_drafts": "record_drafts",
+    "dflash_adaptive_block": "adaptive_block",
 }
 PATCHED_METHODS = ("_extract_generation_mode_kwargs", "_validate_generation_mode", "_assisted_decoding")
 

@@ -117,6 +117,26 @@ def select_path(lattice: Lattice, strategy: PathStrategy | str) -> torch.Tensor:
     return _best_by_backward_recursion(log_q.exp(), lambda edge, future: edge * (1 + future))
 
 
+def path_confidences(lattice: Lattice, path: torch.Tensor, sampled: bool, temperature: float = 1.0) -> torch.Tensor:
+    """The drafter's estimate, per position, that the token on ``path`` (candidate indices ``[batch, L]``) is accepted
+    once the ones before it were, ``[batch, L]``.
+
+    The proposal at position ``i`` is the selector's ``q_i(. | path[i - 1])`` when the lattice is pair-scored, else the
+    drafter's own top-K distribution there. A picked path scores the probability ``q_i`` gives its token. A sampled
+    path scores ``sum_b q_i(b)^2``, the chance a second draw agrees: it does not look at the sampled token itself, so
+    a block cut on it stays exact (see :mod:`dflash2_hf.block_length`).
+    """
+    if lattice.pair_scores is None:
+        q = torch.softmax(lattice.candidate_logits.float() / temperature, dim=-1)
+    else:
+        previous = torch.cat([torch.zeros_like(path[:, :1]), path[:, :-1]], dim=1)  # position 0: rows score the anchor
+        log_q = lattice.transition_log_probs(temperature)
+        q = log_q.gather(2, previous[:, :, None, None].expand(-1, -1, 1, lattice.top_k))[:, :, 0].exp()
+    if sampled:
+        return (q * q).sum(-1)
+    return q.gather(-1, path[..., None])[..., 0]
+
+
 def score_lattice(
     lattice: Lattice, selector: torch.nn.Module, hidden: torch.Tensor, embedding_table: torch.Tensor | None = None
 ) -> Lattice:

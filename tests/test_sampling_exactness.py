@@ -9,6 +9,9 @@ own processed scores, draw N continuations with the drafter, and run a chi-squar
 expected count < 5 pooled). With N = 1000 the negative control (keep every drafted token) is rejected at
 p < 1e-200 in every setting (we require < 1e-6), while the real decoder must pass at p > 1e-3; seeds are fixed, so
 the outcome is reproducible.
+
+Cost-aware block length (verifying only a prefix of each drafted path) keeps the distribution exact, and its
+negative control (a cut that looks at the sampled tokens themselves) is rejected.
 """
 
 import itertools
@@ -19,6 +22,8 @@ from conftest import tiny_drafter, tiny_target
 from scipy.stats import chisquare
 
 from dflash2_hf import decoding
+from dflash2_hf.block_length import CycleCost
+from dflash2_hf.lattice import path_confidences
 from dflash2_hf.verification import Verdict
 
 VOCAB, NEW_TOKENS, SAMPLES = 5, 4, 1000
@@ -62,16 +67,18 @@ def _without_top_k(settings):
     return {k: v for k, v in settings.items() if k != "top_k"}
 
 
-def sample_with_drafter(target, drafter, settings, seed=0) -> tuple[list[tuple[int, ...]], list[int]]:
-    """N continuations sampled with the drafter, and the acceptance length of every cycle."""
+def sample_with_drafter(target, drafter, settings, seed=0, **dflash_kwargs) -> tuple[list[tuple[int, ...]], list[int]]:
+    """N continuations sampled with the drafter, and the acceptance length of every cycle (or, with
+    ``statistic="verified_lengths"``, the drafted tokens each cycle verified)."""
+    statistic = dflash_kwargs.pop("statistic", "acceptance_lengths")
     torch.manual_seed(seed)
-    draws, acceptance = [], []
+    draws, per_cycle = [], []
     for _ in range(SAMPLES):
         out = target.generate(PROMPT, max_new_tokens=NEW_TOKENS, do_sample=True, assistant_model=drafter,
-                              top_k=settings.get("top_k", 0), **_without_top_k(settings))
+                              top_k=settings.get("top_k", 0), **_without_top_k(settings), **dflash_kwargs)
         draws.append(tuple(out[0, PROMPT.shape[1]:].tolist()))
-        acceptance += drafter.last_generation_stats.acceptance_lengths
-    return draws, acceptance
+        per_cycle += getattr(drafter.last_generation_stats, statistic)
+    return draws, per_cycle
 
 
 def goodness_of_fit(draws, exact) -> float:
@@ -107,6 +114,31 @@ def test_sampled_continuations_follow_the_target_distribution(models, setting, m
     monkeypatch.setattr(decoding, "verify_sampled", accept_every_draft)
     control, _ = sample_with_drafter(target, drafter, settings)
     assert goodness_of_fit(control, exact) < 1e-6, "the test must be able to detect a biased decoder"
+
+
+# Verifying costs 1.0 / 1.4 / 1.8 for 1 / 2 / 3 tokens: with this drafter's confidences, cycles verify 0, 1 and 2
+# drafted tokens, so the cut itself varies with the drafted path.
+STEEP_COST = CycleCost(fixed_seconds=0.0, verify_seconds=(1.0, 1.4, 1.8))
+
+
+def peeking_confidences(lattice, path, sampled, temperature=1.0):
+    """Negative control: cut a sampled path on the probability of its own sampled tokens (not a stopping rule)."""
+    return path_confidences(lattice, path, False, temperature)
+
+
+def test_adaptive_blocks_keep_sampling_exact(models, monkeypatch):
+    target, drafter = models
+    settings = SETTINGS["temperature 1"]
+    exact = exact_distribution(target, settings)
+
+    draws, verified = sample_with_drafter(target, drafter, settings, dflash_adaptive_block=STEEP_COST,
+                                          statistic="verified_lengths")
+    assert {0, 1, 2} <= set(verified), "the cut varies from cycle to cycle"
+    assert goodness_of_fit(draws, exact) > 1e-3
+
+    monkeypatch.setattr(decoding, "path_confidences", peeking_confidences)
+    control, _ = sample_with_drafter(target, drafter, settings, dflash_adaptive_block=STEEP_COST)
+    assert goodness_of_fit(control, exact) < 1e-6, "a cut that looks at the sampled tokens biases the output"
 
 
 def test_same_seed_gives_the_same_output(models):

@@ -1,0 +1,192 @@
+"""Cost-aware block length: verify only as much of the drafted path as pays for itself.
+
+A target forward over ``m`` tokens costs more as ``m`` grows (a little in bf16, markedly in fp32 on a CPU), while a
+drafted token is only accepted if every token before it was. With ``c_i`` the chance that drafted token ``i`` is
+accepted once the ones before it were, verifying the first ``n`` drafted tokens emits in expectation
+
+    E(n) = 1 + c_1 + c_1 c_2 + ... + c_1 ... c_n
+
+tokens (the target's own correction or bonus token included), and the cycle costs ``C(n) = fixed + verify(n + 1)``
+seconds (``fixed``: drafting and path selection; ``verify(m)``: the target's forward over the anchor and ``m - 1``
+drafted tokens). Walking along the path, the decoder adds token ``n`` while that raises the expected rate,
+``E(n) / C(n) >= E(n - 1) / C(n - 1)``, and cuts the block at the first token whose expected gain no longer pays for
+its measured cost.
+
+``c_i`` is estimated from the drafter (:func:`~dflash2_hf.lattice.path_confidences`) and depends only on the path
+before token ``i``, never on token ``i`` itself. So the cut is a stopping rule over the drafted tokens: whether token
+``i`` is verified is settled before it is looked at, every verified token is still distributed as the proposal its
+rejection test assumes, and verification stays exact (greedy: identical to plain decoding; sampling: the target's
+distribution).
+
+:class:`CycleCost` holds the machine's costs; :func:`measure_cycle_cost` times them on the real target and drafter,
+and :func:`cycle_cost_for` caches the measurement per machine, model pair, dtype and thread count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+from .drafting import BlockDrafter, DraftOptions
+from .modeling import DFlashDraftModel
+
+MEASURED_LENGTHS = (1, 2, 4, 8, 16, 32)
+
+
+@dataclass(frozen=True)
+class CycleCost:
+    """What one decoding cycle costs on this machine, in seconds.
+
+    Attributes:
+        fixed_seconds: drafting a block and picking its path (independent of how much of it is verified).
+        verify_seconds: ``verify_seconds[m - 1]`` is one target forward over ``m`` new tokens (the anchor and
+            ``m - 1`` drafted tokens), for ``m = 1 .. len(verify_seconds)``.
+    """
+
+    fixed_seconds: float
+    verify_seconds: tuple[float, ...]
+
+    def __post_init__(self):
+        if not self.verify_seconds or min(self.verify_seconds) <= 0 or self.fixed_seconds < 0:
+            raise ValueError("A cycle cost needs positive verify times for 1.. tokens and a non-negative fixed time; "
+                             f"got fixed={self.fixed_seconds}, verify={self.verify_seconds}.")
+
+    def cycle_seconds(self, drafted: int) -> float:
+        """Seconds of a cycle that verifies ``drafted`` drafted tokens (plus the anchor)."""
+        if drafted >= len(self.verify_seconds):
+            raise ValueError(f"This cost model covers at most {len(self.verify_seconds) - 1} drafted tokens.")
+        return self.fixed_seconds + self.verify_seconds[drafted]
+
+    def verified_length(self, confidences: Sequence[float]) -> int:
+        """How many leading drafted tokens to verify (0 .. ``len(confidences)``): add tokens while the expected
+        emitted tokens per second does not drop; ``confidences[i]`` is the estimated chance that token ``i + 1`` is
+        accepted given the ones before it."""
+        expected, survival, length = 1.0, 1.0, 0
+        for drafted, confidence in enumerate(confidences, start=1):
+            longer = expected + survival * float(confidence)
+            if longer / self.cycle_seconds(drafted) < expected / self.cycle_seconds(drafted - 1):
+                break
+            expected, survival, length = longer, survival * float(confidence), drafted
+        return length
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, record: dict) -> CycleCost:
+        return cls(float(record["fixed_seconds"]), tuple(float(s) for s in record["verify_seconds"]))
+
+
+def interpolate(measured: dict[int, float], up_to: int) -> tuple[float, ...]:
+    """Seconds for every length ``1 .. up_to`` from a few measured lengths, linear between them (and beyond the last
+    two points)."""
+    lengths = sorted(measured)
+    values = []
+    for m in range(1, up_to + 1):
+        low = max((n for n in lengths if n <= m), default=lengths[0])
+        high = min((n for n in lengths if n > low), default=None)
+        if high is None:  # past the last measurement: extend the last segment
+            low, high = (lengths[-2], lengths[-1]) if len(lengths) > 1 else (low, low)
+        slope = (measured[high] - measured[low]) / (high - low) if high != low else 0.0
+        values.append(max(measured[low] + slope * (m - low), 1e-9))
+    return tuple(values)
+
+
+def _median_seconds(action, repeats: int) -> float:
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        action()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
+
+
+@torch.no_grad()
+def measure_cycle_cost(
+    target: torch.nn.Module, drafter: DFlashDraftModel, block_size: int, context_tokens: int = 128, repeats: int = 3,
+) -> CycleCost:
+    """Time, on this machine, the target's forward over 1 .. ``block_size`` new tokens after ``context_tokens`` cached
+    ones (a few lengths measured, the rest interpolated) and one draft + path selection of a block.
+
+    Uses a fixed pseudo-random prompt; every forward runs once untimed first, so one-off work is not counted.
+    """
+    device = target.device
+    vocab = target.get_output_embeddings().weight.shape[0]
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, vocab, (1, context_tokens + block_size), generator=generator).to(device)
+    options = DraftOptions.for_drafter(drafter, block_size=block_size)
+    block = BlockDrafter(drafter, target, options)
+    cache = DynamicCache(config=target.config)
+    prefill = target(input_ids=prompt[:, :context_tokens], cache=cache, use_cache=True,
+                     output_hidden_states=block.hidden_state_indices, logits_to_keep=1)
+    cache.activate_past_recording()
+
+    def verify(length: int) -> None:
+        target(input_ids=prompt[:, context_tokens : context_tokens + length], cache=cache, use_cache=True,
+               output_hidden_states=block.hidden_state_indices)
+        cache.crop(-length)
+
+    measured = {}
+    for length in tuple(n for n in MEASURED_LENGTHS if n < block_size) + (block_size,):
+        verify(length)
+        measured[length] = _median_seconds(lambda: verify(length), repeats)
+
+    context = block.context_features(prefill.hidden_states, context_tokens)
+    anchor, anchor_position = int(prompt[0, context_tokens]), context_tokens
+
+    def draft() -> None:
+        lattice, hidden = block.draft(context, anchor, anchor_position, block_size - 1)
+        block.score(lattice, hidden)
+        block.cache.crop(-context_tokens)  # forget the context again so each repeat drafts the same block
+
+    draft()
+    fixed = _median_seconds(draft, repeats)
+    return CycleCost(fixed_seconds=fixed, verify_seconds=interpolate(measured, block_size))
+
+
+def cost_cache_folder() -> Path:
+    """Where measured cycle costs are kept: ``$DFLASH2_HF_CACHE/cycle-costs`` if set, else
+    ``~/.cache/dflash2-hf/cycle-costs``."""
+    root = os.environ.get("DFLASH2_HF_CACHE")
+    base = Path(root).expanduser() if root else Path.home() / ".cache" / "dflash2-hf"
+    return base / "cycle-costs"
+
+
+def _cost_key(target: torch.nn.Module, drafter: DFlashDraftModel, block_size: int) -> str:
+    """Everything a cost measurement depends on: machine, thread count, torch, both models' configs and dtypes."""
+    parts = [
+        platform.node(), platform.processor(), platform.machine(), str(os.cpu_count()), str(torch.get_num_threads()),
+        torch.__version__, str(target.device), str(target.dtype), str(drafter.dtype), str(block_size),
+        target.config.to_json_string(use_diff=False), drafter.config.to_json_string(use_diff=False),
+    ]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def cycle_cost_for(
+    target: torch.nn.Module, drafter: DFlashDraftModel, block_size: int, folder: Path | None = None
+) -> CycleCost:
+    """The cycle cost of this target/drafter pair here: read from the cache folder, else measured (a few seconds)
+    and stored there."""
+    folder = Path(folder) if folder is not None else cost_cache_folder()
+    path = folder / f"{_cost_key(target, drafter, block_size)}.json"
+    if path.exists():
+        try:
+            return CycleCost.from_json(json.loads(path.read_text()))
+        except (ValueError, KeyError, TypeError):
+            pass  # an unreadable cache entry is measured again and overwritten
+    cost = measure_cycle_cost(target, drafter, block_size)
+    folder.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(cost.to_json(), indent=1))
+    temporary.replace(path)
+    return cost

@@ -1,0 +1,141 @@
+"""Cost-aware block length: the cut rule, the cost model, and exactness of decoding with cut blocks."""
+
+import json
+
+import pytest
+import torch
+from conftest import tiny_drafter, tiny_target
+
+from dflash2_hf.block_length import CycleCost, cycle_cost_for, interpolate, measure_cycle_cost
+from dflash2_hf.lattice import Lattice, path_confidences
+
+PROMPT = torch.tensor([[5, 17, 33, 2, 71, 8]])
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target("qwen3", seed=1)
+
+
+@pytest.fixture(scope="module")
+def drafter():
+    return tiny_drafter("dflash2", seed=4)
+
+
+def test_flat_verification_cost_verifies_the_whole_path():
+    cost = CycleCost(fixed_seconds=0.5, verify_seconds=(1.0,) * 8)
+    assert cost.verified_length([0.1] * 7) == 7
+
+
+def test_the_block_is_cut_where_an_extra_token_no_longer_pays_for_itself():
+    # rates: n=0 1/1.0; n=1 1.9/1.5 = 1.27; n=2 (1.9 + 0.9 * 0.5 = 2.35)/2.0 = 1.18 < 1.27 -> cut after 1
+    cost = CycleCost(fixed_seconds=0.0, verify_seconds=(1.0, 1.5, 2.0, 2.5))
+    assert cost.verified_length([0.9, 0.5, 0.99]) == 1
+    assert cost.verified_length([0.9, 0.9, 0.9]) == 3  # 2.71/2 = 1.36, 3.439/2.5 = 1.38: each extra token pays
+    assert cost.verified_length([0.2, 0.9, 0.9]) == 0  # 1.2/1.5 < 1/1.0: not even the first token pays
+
+
+def test_the_cut_is_a_stopping_rule_later_confident_tokens_do_not_extend_it():
+    cost = CycleCost(fixed_seconds=0.0, verify_seconds=(1.0, 1.5, 2.0, 2.5))
+    assert cost.verified_length([0.9, 0.05, 1.0]) == 1
+
+
+def test_interpolation_is_linear_between_and_beyond_the_measured_lengths():
+    assert interpolate({1: 1.0, 2: 2.0, 4: 3.0}, 6) == pytest.approx((1.0, 2.0, 2.5, 3.0, 3.5, 4.0))
+
+
+def test_cycle_cost_refuses_non_positive_verify_times():
+    with pytest.raises(ValueError, match="positive verify times"):
+        CycleCost(fixed_seconds=0.1, verify_seconds=(0.0, 1.0))
+
+
+def hand_lattice() -> Lattice:
+    scores = torch.zeros(1, 2, 2, 2)
+    scores[0, 0, :, 0] = torch.tensor(3.0).log()  # position 0: q = (3/4, 1/4) whatever the row
+    scores[0, 1, 0] = torch.tensor([0.0, 0.0])  # after candidate 0: q = (1/2, 1/2)
+    scores[0, 1, 1] = torch.tensor([9.0, 1.0]).log()  # after candidate 1: q = (9/10, 1/10)
+    return Lattice(torch.tensor([7]), torch.tensor([[[1, 2], [3, 4]]]), torch.zeros(1, 2, 2), scores)
+
+
+def test_a_picked_path_is_scored_by_the_probability_of_its_tokens():
+    confidences = path_confidences(hand_lattice(), torch.tensor([[1, 0]]), sampled=False)
+    assert confidences[0].tolist() == pytest.approx([0.25, 0.9])
+
+
+def test_a_sampled_path_is_scored_without_looking_at_its_own_tokens():
+    lattice = hand_lattice()
+    first = path_confidences(lattice, torch.tensor([[1, 0]]), sampled=True)
+    second = path_confidences(lattice, torch.tensor([[1, 1]]), sampled=True)
+    assert first[0].tolist() == pytest.approx([0.75**2 + 0.25**2, 0.81 + 0.01])
+    assert torch.equal(first, second), "position i depends on the token before it only"
+
+
+def test_without_a_selector_the_drafters_own_distribution_is_used():
+    lattice = Lattice(torch.tensor([7]), torch.tensor([[[1, 2]]]), torch.tensor([[[0.0, 0.0]]]))
+    assert path_confidences(lattice, torch.tensor([[0]]), sampled=False)[0].tolist() == pytest.approx([0.5])
+
+
+STEEP = CycleCost(fixed_seconds=0.01, verify_seconds=tuple(1.0 + 0.4 * m for m in range(8)))
+
+
+@pytest.mark.parametrize("path", ["argmax", "greedy", "viterbi", "expected"])
+@pytest.mark.parametrize("cost", [STEEP, CycleCost(0.0, tuple(1.0 + 0.05 * m for m in range(8)))])
+def test_greedy_output_with_adaptive_blocks_equals_plain_generate(target, drafter, path, cost):
+    plain = target.generate(PROMPT, max_new_tokens=30, do_sample=False)
+    ours = target.generate(PROMPT, max_new_tokens=30, do_sample=False, assistant_model=drafter, dflash_path=path,
+                           dflash_adaptive_block=cost)
+    assert torch.equal(plain, ours)
+    stats = drafter.last_generation_stats
+    assert sum(stats.acceptance_lengths) + 1 == ours.shape[1] - PROMPT.shape[1]
+    assert all(accepted <= verified + 1 for accepted, verified in zip(stats.acceptance_lengths, stats.verified_lengths))
+
+
+def test_a_steep_cost_verifies_shorter_blocks_than_a_flat_one(target, drafter):
+    lengths = {}
+    for name, cost in {"steep": STEEP, "flat": CycleCost(0.0, (1.0,) * 8)}.items():
+        target.generate(PROMPT, max_new_tokens=30, do_sample=False, assistant_model=drafter, dflash_adaptive_block=cost)
+        lengths[name] = drafter.last_generation_stats.verified_lengths
+    assert max(lengths["steep"]) < 7 and lengths["flat"][:10] == [7] * 10  # later cycles near max_new_tokens are shorter
+
+
+def test_a_cost_model_shorter_than_the_block_is_refused(target, drafter):
+    with pytest.raises(ValueError, match="covers verifying 4 tokens"):
+        target.generate(PROMPT, max_new_tokens=5, assistant_model=drafter,
+                        dflash_adaptive_block=CycleCost(0.0, (1.0, 1.0, 1.0, 1.0)))
+
+
+def test_a_bad_adaptive_block_value_is_refused_before_work(target, drafter):
+    with pytest.raises(ValueError, match="adaptive_block must be"):
+        target.generate(PROMPT, max_new_tokens=5, assistant_model=drafter, dflash_adaptive_block="yes")
+
+
+def test_measured_cost_covers_every_block_length(target, drafter):
+    cost = measure_cycle_cost(target, drafter, block_size=8, context_tokens=16, repeats=1)
+    assert len(cost.verify_seconds) == 8 and min(cost.verify_seconds) > 0 and cost.fixed_seconds > 0
+
+
+def test_measured_cost_is_cached_per_machine_and_model_pair(target, drafter, tmp_path):
+    first = cycle_cost_for(target, drafter, 8, folder=tmp_path)
+    (entry,) = tmp_path.glob("*.json")
+    assert CycleCost.from_json(json.loads(entry.read_text())) == first
+    assert cycle_cost_for(target, drafter, 8, folder=tmp_path) == first
+    assert len(list(tmp_path.glob("*.json"))) == 1
+    cycle_cost_for(target, drafter, 4, folder=tmp_path)
+    assert len(list(tmp_path.glob("*.json"))) == 2, "another block size is another measurement"
+
+
+def test_an_unreadable_cache_entry_is_measured_again(target, drafter, tmp_path):
+    cycle_cost_for(target, drafter, 8, folder=tmp_path)
+    (entry,) = tmp_path.glob("*.json")
+    entry.write_text("{not json")
+    cost = cycle_cost_for(target, drafter, 8, folder=tmp_path)
+    assert CycleCost.from_json(json.loads(entry.read_text())) == cost
+
+
+def test_adaptive_true_measures_once_and_keeps_the_output_exact(target, drafter, tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH2_HF_CACHE", str(tmp_path))
+    plain = target.generate(PROMPT, max_new_tokens=20, do_sample=False)
+    ours = target.generate(PROMPT, max_new_tokens=20, do_sample=False, assistant_model=drafter,
+                           dflash_adaptive_block=True)
+    assert torch.equal(plain, ours)
+    assert len(list((tmp_path / "cycle-costs").glob("*.json"))) == 1
