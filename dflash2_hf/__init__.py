@@ -8,6 +8,7 @@ DFlash decoding (see :mod:`dflash2_hf.hooks`).
 from transformers import AutoConfig, AutoModel
 
 from . import hooks
+from .block_length import CycleCost
 from .decoding import DFlashGenerateOutput, DFlashStats
 from .lattice import PathStrategy
 from .modeling import (
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CandidateSelector",
+    "CycleCost",
     "DFlash2DraftModel",
     "DFlashConfig",
     "DFlashDraftModel",

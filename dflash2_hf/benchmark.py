@@ -59,11 +59,12 @@ class Method:
 
 def standard_methods(
     drafter, paths=("argmax",) + SELECTOR_PATHS, assistant=None, prompt_lookup: int = 10,
-    block_sizes: list[int] | None = None,
+    block_sizes: list[int] | None = None, cycle_cost=None,
 ) -> list[Method]:
     """Plain decoding, prompt lookup, transformers' built-in DFlash on our drafter, ours per path (and per verified
     block size when several are given: names end in ``b<size>``), and classic assisted generation when a small draft
-    LM is given."""
+    LM is given. With a ``cycle_cost`` (:class:`~dflash2_hf.block_length.CycleCost`), each of ours also runs with the
+    cost-aware block length (names end in ``adaptive``)."""
     methods = [Method("plain"), Method("prompt lookup", {"prompt_lookup_num_tokens": prompt_lookup})]
     if assistant is not None:
         methods.append(Method("assisted (draft LM)", {"assistant_model": assistant}))
@@ -77,6 +78,8 @@ def standard_methods(
                     kwargs["dflash_block_size"] = size
                 suffix = f" b{size}" if len(sizes) > 1 else ""
                 methods.append(Method(f"dflash2 {path}{suffix}", kwargs))
+                if cycle_cost is not None:
+                    methods.append(Method(f"dflash2 {path}{suffix} adaptive", kwargs | {"dflash_adaptive_block": cycle_cost}))
     return methods
 
 
@@ -91,6 +94,7 @@ class Run:
     new_tokens: int
     seconds: float
     acceptance_lengths: list[int] = field(default_factory=list)
+    verified_lengths: list[int] = field(default_factory=list)
     draft_seconds: float = 0.0
     select_seconds: float = 0.0
     verify_seconds: float = 0.0
@@ -144,6 +148,7 @@ class Benchmark:
         if method.uses_dflash:
             stats = method.generate_kwargs["assistant_model"].last_generation_stats
             run.acceptance_lengths = list(stats.acceptance_lengths)
+            run.verified_lengths = list(stats.verified_lengths)
             run.draft_seconds, run.select_seconds, run.verify_seconds = stats.draft_seconds, stats.select_seconds, stats.verify_seconds
             run.recall = draft_recall(stats.drafts or [], output[0].tolist())
         return run
@@ -195,6 +200,9 @@ def _draft_figures(group: list[Run]) -> dict:
     """Oracle acceptance, recall by block position and the time shares of a cycle, for the runs that recorded their
     drafts and timed their cycles (a peer in another process reports acceptance lengths only)."""
     figures = {}
+    verified = [v for r in group for v in r.verified_lengths]
+    if verified:
+        figures["mean_verified_drafted_tokens"] = statistics.fmean(verified)
     oracle = [o for r in group for o in r.recall.get("oracle", [])]
     if oracle:
         top1 = [h for r in group for h in r.recall.get("top1", [])]
@@ -217,16 +225,17 @@ def _mean_at(hits: list[list[bool]], position: int) -> float:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    lines = ["| method | T | tok/s | speedup (median [q1, q3]) | mean acceptance | oracle acceptance | top-1 / top-K recall @1 | selector share |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| method | T | tok/s | speedup (median [q1, q3]) | mean acceptance | drafted tokens verified | oracle acceptance | top-1 / top-K recall @1 | selector share |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         acceptance = f"{row['mean_acceptance_length']:.2f}" if "mean_acceptance_length" in row else "–"
+        verified = f"{row['mean_verified_drafted_tokens']:.1f}" if "mean_verified_drafted_tokens" in row else "–"
         oracle = f"{row['oracle_acceptance_length']:.2f}" if "oracle_acceptance_length" in row else "–"
         recall = (f"{row['top1_recall_by_position'][0]:.2f} / {row['topk_recall_by_position'][0]:.2f}"
                   if row.get("top1_recall_by_position") else "–")
         share = f"{100 * row['select_share']:.1f}%" if "select_share" in row else "–"
         lines.append(f"| {row['method']} | {row['temperature']:g} | {row['tokens_per_second']:.1f} | "
-                     f"{row['speedup_median']:.2f} [{row['speedup_q1']:.2f}, {row['speedup_q3']:.2f}] | {acceptance} | "
+                     f"{row['speedup_median']:.2f} [{row['speedup_q1']:.2f}, {row['speedup_q3']:.2f}] | {acceptance} | {verified} | "
                      f"{oracle} | {recall} | {share} |")
     return "\n".join(lines)
 

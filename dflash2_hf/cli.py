@@ -121,14 +121,15 @@ def generate(args: argparse.Namespace) -> None:
     inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     sampling = {"do_sample": True, "temperature": args.temperature, "top_p": args.top_p} if args.temperature > 0 else {"do_sample": False}
     settings = dict(max_new_tokens=args.max_new_tokens, **sampling)
-    # Warm both methods up (first-call allocations, lazy inits) so neither pays them inside its timing.
-    target.generate(**inputs, assistant_model=drafter, dflash_path=args.path, max_new_tokens=8, do_sample=False)
+    ours_kwargs = {"assistant_model": drafter, "dflash_path": args.path, "dflash_adaptive_block": args.adaptive_block}
+    # Warm both methods up (first-call allocations, lazy inits, the adaptive block's cost measurement) so neither
+    # pays them inside its timing.
+    target.generate(**inputs, **ours_kwargs, max_new_tokens=8, do_sample=False)
     if not args.no_baseline:
         target.generate(**inputs, max_new_tokens=8, do_sample=False)
 
     started = time.perf_counter()
-    ours = target.generate(**inputs, assistant_model=drafter, dflash_path=args.path,
-                           streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True), **settings)
+    ours = target.generate(**inputs, **ours_kwargs, streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True), **settings)
     ours_seconds = time.perf_counter() - started
     stats = drafter.last_generation_stats
     new_tokens = ours.shape[1] - inputs["input_ids"].shape[1]
@@ -151,7 +152,9 @@ def bench(args: argparse.Namespace) -> None:
     from contextlib import ExitStack
 
     from .benchmark import Benchmark, standard_methods, write_report
+    from .block_length import cycle_cost_for
     from .evaluation import benchmark_prompts
+    from .llama_cpp_peer import LlamaCppError, LlamaCppMethod
     from .presets import checkpoint_location, default_drafter_folder, load_target
     from .reference_peer import ReferenceMethod, ReferencePeer, ReferencePeerError
 
@@ -171,6 +174,13 @@ def bench(args: argparse.Namespace) -> None:
                 peer = stack.enter_context(ReferencePeer(args.reference_venv, folder, drafter_folder,
                                                          gguf_file=gguf_file, dtype=dtype, threads=args.threads))
                 settings["reference"] = {"venv": str(args.reference_venv), **peer.versions}
+            llama = None
+            if args.llama_cpp:  # also before the models load: a missing build or a non-GGUF target fails at once
+                folder, gguf_file = checkpoint_location(args.target)
+                if gguf_file is None:
+                    raise LlamaCppError(f"{args.target} is not a GGUF checkpoint; --llama-cpp needs a GGUF preset target.")
+                llama = LlamaCppMethod(folder / gguf_file, threads=args.threads)
+                settings["llama_cpp"] = llama.version
             target, tokenizer = load_target(args.target, dtype=dtype)
             drafter = DFlashDraftModel.from_pretrained(drafter_folder, dtype=dtype).eval() if drafter_folder else None
             if drafter is not None:  # the selector's overhead in parameters, next to its share of the cycle time
@@ -179,10 +189,16 @@ def bench(args: argparse.Namespace) -> None:
                              "selector_parameters": described["selector_parameters"]}
             assistant = load_target(args.assistant, dtype=dtype)[0] if args.assistant else None
             prompts = benchmark_prompts(tokenizer, args.prompts, args.per_source)
-            methods = standard_methods(drafter, args.paths, assistant, block_sizes=args.block_sizes)
+            cycle_cost = None
+            if args.adaptive_block and drafter is not None:  # measured (or read) before any timed run
+                cycle_cost = cycle_cost_for(target, drafter, drafter.config.block_size)
+                settings["cycle_cost"] = cycle_cost.to_json()
+            methods = standard_methods(drafter, args.paths, assistant, block_sizes=args.block_sizes,
+                                       cycle_cost=cycle_cost)
             methods += [ReferenceMethod(peer)] if peer else []
+            methods += [llama] if llama else []
             runs = Benchmark(target, methods, max_new_tokens=args.max_new_tokens).run(prompts, args.temperatures)
-    except ReferencePeerError as error:
+    except (ReferencePeerError, LlamaCppError) as error:
         raise SystemExit(f"dflash2-hf bench: {error}") from None
     write_report(runs, args.out, args.command_line, settings)
     print((Path(args.out) / "results.md").read_text())
@@ -265,6 +281,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                      help="float32 (default): greedy output token-identical to plain decoding")
     run.add_argument("--no-baseline", action="store_true", help="skip the plain-decoding comparison")
+    run.add_argument("--adaptive-block", action="store_true",
+                     help="verify each drafted path only as far as it pays on this machine (cost measured once, cached)")
     measure = commands.add_parser("bench", help="benchmark every decoding method side by side")
     measure.add_argument("--target", default="smollm2-135m")
     measure.add_argument("--drafter", help="drafter folder (default: the one shipped for the preset)")
@@ -280,6 +298,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     measure.add_argument("--out", default="bench", help="folder for results.json, results.md and plots")
     measure.add_argument("--block-sizes", nargs="+", type=int, metavar="N",
                          help="verified block sizes to compare (default: the drafter's); one method per path and size")
+    measure.add_argument("--adaptive-block", action="store_true",
+                         help="also run each path with the cost-aware block length (cost measured here first)")
+    measure.add_argument("--llama-cpp", action="store_true",
+                         help="add llama.cpp's plain decoding of the preset's GGUF file (needs llama-cpp-python)")
     measure.add_argument("--no-drafter", action="store_true",
                          help="leave our drafter out (e.g. a target without a drafter yet, with --assistant)")
     measure.add_argument("--reference-venv", nargs="?", const=str(DEFAULT_VENV), metavar="VENV",

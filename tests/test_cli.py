@@ -279,3 +279,34 @@ def test_bench_without_a_drafter_runs_classic_assisted_generation(target, tmp_pa
                         "--out", str(tmp_path))
     assert {row["method"] for row in report["summary"]} == {"plain", "prompt lookup", "assisted (draft LM)"}
     assert report["settings"]["drafter"] is None
+
+
+def test_bench_adaptive_block_adds_a_cost_aware_method_per_path(target, trained, tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH2_HF_CACHE", str(tmp_path / "cache"))
+    report = bench_once("--target", target, "--drafter", str(trained / "drafter"), "--paths", "argmax", "greedy",
+                        "--adaptive-block", "--dtype", "float32", "--out", str(tmp_path / "report"))
+    rows = {row["method"]: row for row in report["summary"]}
+    assert {"dflash2 argmax adaptive", "dflash2 greedy adaptive"} <= set(rows)
+    block = report["settings"]["cycle_cost"]
+    assert len(block["verify_seconds"]) == 4 and block["fixed_seconds"] > 0  # the drafter's 4-token blocks
+    assert 0 <= rows["dflash2 greedy adaptive"]["mean_verified_drafted_tokens"] <= 3
+    assert "drafted tokens verified" in (tmp_path / "report" / "results.md").read_text()
+
+
+def test_bench_llama_cpp_needs_a_gguf_target_and_says_so_before_loading(target, trained, tmp_path):
+    with pytest.raises(SystemExit, match="not a GGUF checkpoint; --llama-cpp needs a GGUF preset target"):
+        bench_once("--target", target, "--drafter", str(trained / "drafter"), "--llama-cpp", "--out", str(tmp_path))
+
+
+def test_bench_llama_cpp_without_the_package_names_the_build_command(target, trained, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as on a machine without llama-cpp-python
+    with pytest.raises(SystemExit, match='CMAKE_ARGS="-DGGML_NATIVE=OFF'):
+        bench_once("--target", "smollm2-135m", "--llama-cpp", "--out", str(tmp_path))
+
+
+def test_generate_with_adaptive_blocks_matches_plain_decoding(target, trained, tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH2_HF_CACHE", str(tmp_path))
+    printed = run(["generate", "Write a Python function that reverses a string.", "--target", target,
+                   "--drafter", str(trained / "drafter"), "--max-new-tokens", "8", "--adaptive-block"])
+    assert "--- identical to plain decoding: yes" in printed
+    assert len(list((tmp_path / "cycle-costs").glob("*.json"))) == 1

@@ -1,0 +1,59 @@
+"""llama.cpp's plain decoding (``llama-cpp-python``) as a peer method of ``dflash2-hf bench``.
+
+The peer decodes the very GGUF file a preset target is loaded from, natively quantized (transformers de-quantizes
+the same file on load), so its tokens can differ from the transformers target's: it is a speed reference for "the
+same model in the fastest CPU engine", not an exactness reference. It gets the prompt's token ids as they are (both
+read the GGUF tokenizer), the same thread count, and the same stopping tokens (the target's ``eos_token_id``).
+
+Build it with the flags this CPU needs (a default build dies with "Illegal instruction" here):
+``CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+pip install llama-cpp-python==0.3.36`` (about 15-20 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from .benchmark import Decoded, Method
+
+INSTALL = ('CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" '
+           "pip install llama-cpp-python==0.3.36")
+
+
+class LlamaCppError(RuntimeError):
+    """llama.cpp cannot run this benchmark; the message says why and what to do."""
+
+
+class LlamaCppMethod(Method):
+    """Plain decoding of a GGUF file by llama.cpp, timed like ``generate`` (prompt evaluation included)."""
+
+    def __init__(self, gguf_path: str | Path, threads: int, context_tokens: int = 4096):
+        super().__init__("llama.cpp plain (GGUF)")
+        try:
+            import llama_cpp
+        except ImportError:
+            raise LlamaCppError(f"llama-cpp-python is not installed; build it for this CPU with `{INSTALL}`.") from None
+        if not Path(gguf_path).is_file():
+            raise LlamaCppError(f"No GGUF file at {gguf_path}: the llama.cpp peer needs a GGUF preset target.")
+        self.version = llama_cpp.__version__
+        self.llama = llama_cpp.Llama(model_path=str(gguf_path), n_threads=threads, n_threads_batch=threads,
+                           n_ctx=context_tokens, verbose=False)
+
+    def decode(self, target, inputs: torch.Tensor, max_new_tokens: int, temperature: float, seed: int) -> Decoded:
+        """Greedy at temperature 0, else plain sampling at ``temperature`` (no top-k/top-p/min-p truncation)."""
+        stop = target.generation_config.eos_token_id
+        stop = set(stop if isinstance(stop, list) else [] if stop is None else [stop])
+        prompt = inputs[0].tolist()
+        self.llama.set_seed(seed)
+        new_tokens = []
+        started = time.perf_counter()
+        for token in self.llama.generate(prompt, temp=temperature, top_k=0 if temperature > 0 else 1, top_p=1.0,
+                                         min_p=0.0, repeat_penalty=1.0, reset=True):
+            new_tokens.append(token)
+            if token in stop or len(new_tokens) >= max_new_tokens:
+                break
+        seconds = time.perf_counter() - started
+        return Decoded(torch.tensor([prompt + new_tokens]), seconds)
