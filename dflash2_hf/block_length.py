@@ -68,16 +68,28 @@ class CycleCost:
         return self.fixed_seconds + self.verify_seconds[drafted]
 
     def verified_length(self, confidences: Sequence[float]) -> int:
-        """How many leading drafted tokens to verify (0 .. ``len(confidences)``): add tokens while the expected
-        emitted tokens per second does not drop; ``confidences[i]`` is the estimated chance that token ``i + 1`` is
-        accepted given the ones before it."""
+        """How many leading drafted tokens to verify (0 .. ``len(confidences)``); ``confidences[i]`` is the estimated
+        chance that token ``i + 1`` is accepted given the ones before it.
+
+        Tokens are added while the expected emitted tokens per second does not drop. A length is priced at the
+        cheapest forward over at least that many tokens: when a longer forward costs less (CPU kernels switch at some
+        widths), verifying more of the drafted path is free and can only add accepted tokens, so the longer one is
+        verified.
+        """
+        available = len(confidences)
         expected, survival, length = 1.0, 1.0, 0
         for drafted, confidence in enumerate(confidences, start=1):
             longer = expected + survival * float(confidence)
-            if longer / self.cycle_seconds(drafted) < expected / self.cycle_seconds(drafted - 1):
+            gain = longer / self._cheapest(drafted, available)[1] - expected / self._cheapest(drafted - 1, available)[1]
+            if gain < 0:
                 break
             expected, survival, length = longer, survival * float(confidence), drafted
-        return length
+        return self._cheapest(length, available)[0]
+
+    def _cheapest(self, at_least: int, at_most: int) -> tuple[int, float]:
+        """The drafted-token count in ``at_least .. at_most`` whose cycle is cheapest (the longest among equals)."""
+        seconds, longest = min((self.cycle_seconds(n), -n) for n in range(at_least, at_most + 1))
+        return -longest, seconds
 
     def to_json(self) -> dict:
         return asdict(self)

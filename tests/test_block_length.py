@@ -139,3 +139,11 @@ def test_adaptive_true_measures_once_and_keeps_the_output_exact(target, drafter,
                            dflash_adaptive_block=True)
     assert torch.equal(plain, ours)
     assert len(list((tmp_path / "cycle-costs").glob("*.json"))) == 1
+
+
+def test_a_length_is_priced_at_the_cheapest_forward_at_least_that_long():
+    # verifying 3 drafted tokens (4-token forward) is cheaper than 1 or 2: whatever is worth verifying, 3 are verified
+    cost = CycleCost(fixed_seconds=0.0, verify_seconds=(1.0, 1.6, 1.7, 1.2, 2.0))
+    assert cost.verified_length([0.5, 0.5, 0.5, 0.5]) == 3
+    assert cost.verified_length([0.9, 0.9]) == 2  # only 2 drafted: the cheaper 4-token forward is out of reach
+    assert cost.verified_length([0.1, 0.1, 0.1, 0.1]) == 0
