@@ -19,7 +19,7 @@ PATHS = [strategy.value for strategy in PathStrategy]
 
 
 def make_data(args: argparse.Namespace) -> None:
-    """Answer training prompts with the target (resumable)."""
+    """Answer training prompts with the target, or take the chat files' own replies (resumable)."""
     from . import data
     from .presets import load_target
 
@@ -27,13 +27,18 @@ def make_data(args: argparse.Namespace) -> None:
     evaluation = data.evaluation_prompts()
     sources = args.chat_file or [data.sharegpt_path()]
     conversations = (c for source in sources for c in data.iter_conversations(source))
+    replies = {} if args.existing_responses else None
     prompts = data.training_prompts(conversations, args.limit * 4, max_chars=args.max_prompt_chars,
-                                    exclude=evaluation["humaneval"] + evaluation["mtbench"])
+                                    exclude=evaluation["humaneval"] + evaluation["mtbench"], replies=replies)
     prompts = data.mixed_prompts(prompts)[: args.limit]
-    settings = data.ResponseGenerator.settings_for(args.target, prompts, args.max_new_tokens, args.temperature)
-    generator = data.ResponseGenerator(target, tokenizer, args.out, settings, batch_size=args.batch_size)
+    if replies is None:
+        settings = data.ResponseGenerator.settings_for(args.target, prompts, args.max_new_tokens, args.temperature)
+        generator = data.ResponseGenerator(target, tokenizer, args.out, settings, batch_size=args.batch_size)
+    else:
+        settings = data.ExistingResponses.settings_for(args.target, prompts, args.max_new_tokens)
+        generator = data.ExistingResponses(target, tokenizer, args.out, settings, replies, batch_size=args.batch_size)
     done = generator.run(prompts)
-    print(f"{done} prompts answered in {args.out}")
+    print(f"{done} {'replies written' if replies is not None else 'prompts answered'} in {args.out}")
 
 
 def train(args: argparse.Namespace) -> None:
@@ -233,6 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     make.add_argument("--max-new-tokens", type=int, default=256)
     make.add_argument("--temperature", type=float, default=0.0, help="0 answers greedily")
     make.add_argument("--batch-size", type=int, default=16)
+    make.add_argument("--existing-responses", action="store_true",
+                      help="train on the chat files' own replies instead of the target's answers (no generation)")
     fit = commands.add_parser("train", help="train a DFlash 2 drafter on responses made by `dflash2-hf data`")
     fit.add_argument("--target", default="smollm2-135m")
     fit.add_argument("--data", required=True, help="folder written by `dflash2-hf data`")

@@ -5,6 +5,8 @@
 * :func:`evaluation_prompts` lists the HumanEval and MT-Bench prompts; they never enter training data.
 * :class:`ResponseGenerator` answers prompts with the target in batches and appends each finished batch to a shard
   (written to a temporary file, then renamed), with a manifest of the settings; a restarted run skips what is done.
+* :class:`ExistingResponses` writes the same shards from the replies already in the chat files (no generation: fast,
+  but the drafter then learns those replies rather than the target's own continuations).
 """
 
 from __future__ import annotations
@@ -101,21 +103,32 @@ def _fingerprint(text: str) -> str:
 
 
 def training_prompts(
-    conversations: Iterable[list[dict[str, str]]], limit: int, max_chars: int = 2000, exclude: Iterable[str] = ()
+    conversations: Iterable[list[dict[str, str]]], limit: int, max_chars: int = 2000, exclude: Iterable[str] = (),
+    replies: dict[str, str] | None = None,
 ) -> list[str]:
-    """First user turns, de-duplicated, at most ``max_chars`` long, none equal to or containing an excluded prompt."""
+    """First user turns, de-duplicated, at most ``max_chars`` long, none equal to or containing an excluded prompt.
+
+    With a ``replies`` dict, only conversations whose first user turn is answered are kept, and the answer (the next
+    assistant turn) is stored under the prompt.
+    """
     excluded = [_fingerprint(text) for text in exclude]
     excluded_set = set(excluded)
     prompts, seen = [], set()
     for messages in conversations:
-        first = next((m["content"] for m in messages if m["role"] == "user"), None)
+        index = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
+        first = messages[index]["content"] if index is not None else None
         if not first or len(first) > max_chars:
+            continue
+        reply = messages[index + 1]["content"] if index + 1 < len(messages) and messages[index + 1]["role"] == "assistant" else None
+        if replies is not None and not (reply and reply.strip()):
             continue
         key = _fingerprint(first)
         if key in seen or key in excluded_set or any(e in key for e in excluded if len(e) > 40):
             continue
         seen.add(key)
         prompts.append(first)
+        if replies is not None:
+            replies[first] = reply
         if len(prompts) == limit:
             break
     return prompts
@@ -145,6 +158,7 @@ class GenerationSettings:
     do_sample: bool
     temperature: float
     prompts_sha256: str
+    responses: str = "target"  # "target": answered by the target; "existing": the chat files' own replies
 
 
 class ResponseGenerator:
@@ -165,7 +179,7 @@ class ResponseGenerator:
     def _check_manifest(self) -> None:
         manifest = self.folder / "manifest.json"
         if manifest.exists():
-            previous = json.loads(manifest.read_text())
+            previous = {"responses": "target"} | json.loads(manifest.read_text())  # older manifests: target answers
             if previous != asdict(self.settings):
                 raise ValueError(f"{self.folder} holds responses made with other settings: {previous}; use a new folder.")
         else:
@@ -213,6 +227,44 @@ class ResponseGenerator:
         return records
 
 
+class ExistingResponses(ResponseGenerator):
+    """Writes the chat files' own replies as training records, in :class:`ResponseGenerator`'s shards and manifest.
+
+    The reply is tokenized as the target's chat template lays out a two-turn conversation, cut after the
+    end-of-turn token and to ``max_new_tokens``; a conversation whose templated form does not start with the templated
+    prompt is skipped.
+    """
+
+    def __init__(self, target, tokenizer, folder: str | os.PathLike, settings: GenerationSettings,
+                 replies: dict[str, str], batch_size: int = 16):
+        super().__init__(target, tokenizer, folder, settings, batch_size)
+        self.replies = replies
+
+    @staticmethod
+    def settings_for(target_name: str, prompts: list[str], max_new_tokens: int, temperature: float = 0.0) -> GenerationSettings:
+        settings = ResponseGenerator.settings_for(target_name, prompts, max_new_tokens, 0.0)
+        return GenerationSettings(**asdict(settings) | {"responses": "existing"})
+
+    def _answer(self, prompts: list[str]) -> list[dict]:
+        records = []
+        for prompt in prompts:
+            user = [{"role": "user", "content": prompt}]
+            prompt_ids = self.tokenizer.apply_chat_template(user, add_generation_prompt=True, tokenize=True)
+            full_ids = self.tokenizer.apply_chat_template(user + [{"role": "assistant", "content": self.replies[prompt]}],
+                                                          tokenize=True)
+            prompt_ids, full_ids = list(_token_ids(prompt_ids)), list(_token_ids(full_ids))
+            if full_ids[: len(prompt_ids)] != prompt_ids:
+                continue
+            response_ids = _until_end(full_ids[len(prompt_ids) :], self.end_ids)[: self.settings.max_new_tokens]
+            records.append({"prompt": prompt, "prompt_ids": prompt_ids, "response_ids": response_ids})
+        return records
+
+
+def _token_ids(encoded) -> list[int]:
+    """Token ids from ``apply_chat_template(tokenize=True)``, which returns a list or a BatchEncoding."""
+    return encoded["input_ids"] if isinstance(encoded, dict) or hasattr(encoded, "keys") else encoded
+
+
 def _until_end(token_ids: list[int], end_ids: set[int]) -> list[int]:
     """Cut a generated row after its first end-of-turn token (kept: the drafter learns to draft it)."""
     for index, token in enumerate(token_ids):
@@ -235,6 +287,10 @@ def describe_data(folder: str | os.PathLike, records: int) -> str:
     if not manifest.exists():
         return f"{records} responses (no manifest)"
     settings = json.loads(manifest.read_text())
+    if settings.get("responses") == "existing":
+        return (f"{records} replies taken from the chat files as they are (not written by the target; up to "
+                f"{settings['max_new_tokens']} tokens, in the target's chat template; HumanEval and MT-Bench prompts "
+                "excluded), made with `dflash2-hf data --existing-responses`")
     how = f"sampled at temperature {settings['temperature']}" if settings["do_sample"] else "greedy"
     return (f"{records} responses written by the target itself ({how}, up to {settings['max_new_tokens']} new tokens) "
             "to chat prompts (HumanEval and MT-Bench prompts excluded), made with `dflash2-hf data`")

@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 
 from dflash2_hf import DFlash2DraftModel, DFlashDraftModel
 from dflash2_hf.cli import main
+from dflash2_hf.data import describe_data, read_responses
 from dflash2_hf.presets import SMOLLM2_135M
 
 CHAT = ["Write a Python function that adds two numbers.", "What is the capital of France?",
@@ -310,3 +311,33 @@ def test_generate_with_adaptive_blocks_matches_plain_decoding(target, trained, t
                    "--drafter", str(trained / "drafter"), "--max-new-tokens", "8", "--adaptive-block"])
     assert "--- identical to plain decoding: yes" in printed
     assert len(list((tmp_path / "cycle-costs").glob("*.json"))) == 1
+
+
+def test_data_existing_responses_takes_the_chat_files_replies_without_generating(target, tmp_path):
+    conversations = [
+        {"messages": [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi there!"}]},
+        {"messages": [{"role": "user", "content": "No answer here."}]},  # skipped: nothing to learn from
+        {"conversations": [{"from": "human", "value": "Add 2 and 3."}, {"from": "gpt", "value": "2 + 3 = 5."}]},
+    ]
+    chat_file = tmp_path / "chat.jsonl"
+    chat_file.write_text("".join(json.dumps(c) + "\n" for c in conversations))
+    argv = ["data", "--target", target, "--chat-file", str(chat_file), "--out", str(tmp_path / "out"), "--limit", "5",
+            "--existing-responses", "--max-new-tokens", "64"]
+    assert run(argv).strip() == f"2 replies written in {tmp_path / 'out'}"
+    records = read_responses(tmp_path / "out")
+    tokenizer = SMOLLM2_135M.load_tokenizer()
+    assert [r["prompt"] for r in records] == ["Say hi.", "Add 2 and 3."]
+    assert tokenizer.decode(records[0]["response_ids"]) == "Hi there!<|im_end|>"
+    templated = tokenizer.apply_chat_template([{"role": "user", "content": "Say hi."}], add_generation_prompt=True,
+                                              tokenize=False)
+    assert tokenizer.decode(records[0]["prompt_ids"]) == templated
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["responses"] == "existing"
+    assert describe_data(tmp_path / "out", 2).startswith("2 replies taken from the chat files as they are")
+    assert run(argv).strip() == f"2 replies written in {tmp_path / 'out'}", "a rerun resumes: nothing is added"
+
+
+def test_data_refuses_to_mix_existing_replies_into_a_folder_of_target_answers(target, data):
+    folder, _ = data
+    with pytest.raises(ValueError, match="holds responses made with other settings"):
+        run(["data", "--target", target, "--chat-file", str(folder.parent / "chat.jsonl"), "--out", str(folder),
+             "--limit", "3", "--existing-responses", "--max-new-tokens", "12"])
