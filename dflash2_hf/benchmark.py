@@ -59,12 +59,13 @@ class Method:
 
 def standard_methods(
     drafter, paths=("argmax",) + SELECTOR_PATHS, assistant=None, prompt_lookup: int = 10,
-    block_sizes: list[int] | None = None, cycle_cost=None,
+    block_sizes: list[int] | None = None, cycle_cost=None, tree_nodes: list[int] | None = None,
 ) -> list[Method]:
     """Plain decoding, prompt lookup, transformers' built-in DFlash on our drafter, ours per path (and per verified
     block size when several are given: names end in ``b<size>``), and classic assisted generation when a small draft
     LM is given. With a ``cycle_cost`` (:class:`~dflash2_hf.block_length.CycleCost`), each of ours also runs with the
-    cost-aware block length (names end in ``adaptive``)."""
+    cost-aware block length (names end in ``adaptive``), and with ``tree_nodes`` once per token-tree size (names end
+    in ``tree<N>``)."""
     methods = [Method("plain"), Method("prompt lookup", {"prompt_lookup_num_tokens": prompt_lookup})]
     if assistant is not None:
         methods.append(Method("assisted (draft LM)", {"assistant_model": assistant}))
@@ -80,6 +81,8 @@ def standard_methods(
                 methods.append(Method(f"dflash2 {path}{suffix}", kwargs))
                 if cycle_cost is not None:
                     methods.append(Method(f"dflash2 {path}{suffix} adaptive", kwargs | {"dflash_adaptive_block": cycle_cost}))
+                for nodes in tree_nodes or []:
+                    methods.append(Method(f"dflash2 {path}{suffix} tree{nodes}", kwargs | {"dflash_tree_nodes": nodes}))
     return methods
 
 

@@ -126,7 +126,8 @@ def generate(args: argparse.Namespace) -> None:
     inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     sampling = {"do_sample": True, "temperature": args.temperature, "top_p": args.top_p} if args.temperature > 0 else {"do_sample": False}
     settings = dict(max_new_tokens=args.max_new_tokens, **sampling)
-    ours_kwargs = {"assistant_model": drafter, "dflash_path": args.path, "dflash_adaptive_block": args.adaptive_block}
+    ours_kwargs = {"assistant_model": drafter, "dflash_path": args.path, "dflash_adaptive_block": args.adaptive_block,
+                   "dflash_tree_nodes": args.tree_nodes}
     # Warm both methods up (first-call allocations, lazy inits, the adaptive block's cost measurement) so neither
     # pays them inside its timing.
     target.generate(**inputs, **ours_kwargs, max_new_tokens=8, do_sample=False)
@@ -169,7 +170,7 @@ def bench(args: argparse.Namespace) -> None:
     if args.reference_venv and drafter_folder is None:
         raise SystemExit("dflash2-hf bench: the reference peer drafts with our drafter; drop --no-drafter.")
     settings = {"target": args.target, "drafter": drafter_folder and str(drafter_folder),
-                "block_sizes": args.block_sizes, "dtype": args.dtype, "threads": args.threads,
+                "block_sizes": args.block_sizes, "tree_nodes": args.tree_nodes, "dtype": args.dtype, "threads": args.threads,
                 "max_new_tokens": args.max_new_tokens, "prompts": args.prompts, "per_source": args.per_source}
     try:
         with ExitStack() as stack:
@@ -199,7 +200,7 @@ def bench(args: argparse.Namespace) -> None:
                 cycle_cost = cycle_cost_for(target, drafter, drafter.config.block_size)
                 settings["cycle_cost"] = cycle_cost.to_json()
             methods = standard_methods(drafter, args.paths, assistant, block_sizes=args.block_sizes,
-                                       cycle_cost=cycle_cost)
+                                       cycle_cost=cycle_cost, tree_nodes=args.tree_nodes)
             methods += [ReferenceMethod(peer)] if peer else []
             methods += [llama] if llama else []
             runs = Benchmark(target, methods, max_new_tokens=args.max_new_tokens).run(prompts, args.temperatures)
@@ -288,6 +289,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                      help="float32 (default): greedy output token-identical to plain decoding")
     run.add_argument("--no-baseline", action="store_true", help="skip the plain-decoding comparison")
+    run.add_argument("--tree-nodes", type=int, default=0,
+                     help="verify a token tree of up to this many drafted tokens in one target forward (0: one path)")
     run.add_argument("--adaptive-block", action="store_true",
                      help="verify each drafted path only as far as it pays on this machine (cost measured once, cached)")
     measure = commands.add_parser("bench", help="benchmark every decoding method side by side")
@@ -307,6 +310,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          help="verified block sizes to compare (default: the drafter's); one method per path and size")
     measure.add_argument("--adaptive-block", action="store_true",
                          help="also run each path with the cost-aware block length (cost measured here first)")
+    measure.add_argument("--tree-nodes", nargs="+", type=int, metavar="N",
+                         help="also run each path with token trees of up to N drafted tokens (one method per N)")
     measure.add_argument("--llama-cpp", action="store_true",
                          help="add llama.cpp's plain decoding of the preset's GGUF file (needs llama-cpp-python)")
     measure.add_argument("--no-drafter", action="store_true",

@@ -32,6 +32,9 @@ class DraftOptions:
             its cost (:mod:`dflash2_hf.block_length`): ``True`` uses this machine's measured (and cached) cycle
             cost; a :class:`~dflash2_hf.block_length.CycleCost` (or any object with its ``verified_length``) is used
             as given.
+        tree_nodes: when > 0, verify a token tree of at most this many drafted tokens in one target forward
+            instead of one path (:mod:`dflash2_hf.tree`): greedy decoding takes the likeliest nodes, sampling merges
+            independently drawn paths; 0 verifies one path.
     """
 
     path: PathStrategy
@@ -39,6 +42,7 @@ class DraftOptions:
     top_k: int
     record_drafts: bool = False
     adaptive_block: object = False
+    tree_nodes: int = 0
 
     @classmethod
     def for_drafter(
@@ -49,6 +53,7 @@ class DraftOptions:
         top_k: int | None = None,
         record_drafts: bool = False,
         adaptive_block: object = False,
+        tree_nodes: int | None = None,
     ) -> DraftOptions:
         """Resolve options: the call's value, else the drafter config's; validated."""
         config = drafter.config
@@ -69,8 +74,13 @@ class DraftOptions:
         if not (isinstance(adaptive_block, bool) or callable(getattr(adaptive_block, "verified_length", None))):
             raise ValueError("adaptive_block must be True, False or a CycleCost (an object with verified_length()); "
                              f"got {adaptive_block!r}.")
+        tree_nodes = int(_first_set(tree_nodes, 0))
+        if tree_nodes < 0:
+            raise ValueError(f"tree_nodes must be >= 0 (0: one path), got {tree_nodes}.")
+        if tree_nodes and adaptive_block is not False:
+            raise ValueError("adaptive_block cuts a single path; it cannot be combined with tree_nodes.")
         return cls(path=path, block_size=block_size, top_k=top_k, record_drafts=bool(record_drafts),
-                   adaptive_block=adaptive_block)
+                   adaptive_block=adaptive_block, tree_nodes=tree_nodes)
 
 
 def _first_set(*values):
@@ -96,9 +106,11 @@ class BlockDrafter:
         """Indices into the target's ``hidden_states`` tuple that the drafter reads (``layer id + 1``)."""
         return [layer + 1 for layer in self.drafter.target_layer_ids]
 
-    def context_features(self, hidden_states: tuple[torch.Tensor, ...], count: int) -> torch.Tensor:
-        """Concatenate the tapped layers' hidden states of the first ``count`` processed tokens."""
-        parts = [hidden_states[index][:, :count] for index in self.hidden_state_indices]
+    def context_features(self, hidden_states: tuple[torch.Tensor, ...], rows: int | list[int]) -> torch.Tensor:
+        """Concatenate the tapped layers' hidden states of the first ``rows`` processed tokens (or of the rows listed:
+        the accepted branch of a token tree)."""
+        select = (lambda states: states[:, :rows]) if isinstance(rows, int) else (lambda states: states[:, rows])
+        parts = [select(hidden_states[index]) for index in self.hidden_state_indices]
         return torch.cat(parts, dim=-1).to(device=self.drafter.device, dtype=self.drafter.dtype)
 
     @torch.no_grad()

@@ -6,7 +6,8 @@ wraps three ``GenerationMixin`` methods so that, when the assistant is a DFlash 
 for transformers' own ``speculation_type="dflash"``):
 
 * ``_extract_generation_mode_kwargs`` also takes the per-call options ``dflash_path``, ``dflash_block_size``,
-  ``dflash_top_k``, ``dflash_record_drafts`` and ``dflash_adaptive_block`` out of the ``generate`` kwargs;
+  ``dflash_top_k``, ``dflash_record_drafts``, ``dflash_adaptive_block`` and ``dflash_tree_nodes`` out of the
+  ``generate`` kwargs;
 * ``_validate_generation_mode`` checks the drafter fits the target and the arguments are supported, before any work,
   and skips the checks meant for classic draft LMs (vocabulary size, tokenizers);
 * ``_assisted_decoding`` runs :class:`~dflash2_hf.decoding.DFlashDecoder` instead of the classic loop.
@@ -24,6 +25,7 @@ from transformers.generation.utils import GENERATION_MODES_MAPPING, GenerationMi
 from .decoding import DFlashDecoder, check_generation_arguments
 from .drafting import DraftOptions
 from .modeling import DFlashDraftModel
+from .tree_decoding import TreeDecoder
 
 OPTION_KWARGS = {
     "dflash_path": "path",
@@ -31,6 +33,7 @@ OPTION_KWARGS = {
     "dflash_top_k": "top_k",
     "dflash_record_drafts": "record_drafts",
     "dflash_adaptive_block": "adaptive_block",
+    "dflash_tree_nodes": "tree_nodes",
 }
 PATCHED_METHODS = ("_extract_generation_mode_kwargs", "_validate_generation_mode", "_assisted_decoding")
 
@@ -96,7 +99,8 @@ def _wrap_assisted_decoding(original):
         if attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError("DFlash decoding does not support padded prompts (attention_mask with zeros).")
         options = DraftOptions.for_drafter(drafter, **kwargs.get("dflash_options", {}))
-        decoder = DFlashDecoder(
+        decoder_class = TreeDecoder if options.tree_nodes else DFlashDecoder
+        decoder = decoder_class(
             self, drafter, options, generation_config, logits_processor, stopping_criteria,
             kwargs.get("streamer"), kwargs["cache"],
         )

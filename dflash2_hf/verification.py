@@ -95,3 +95,57 @@ def verify_sampled(
         return Verdict(position, path[:position] + [int(replacement)])
     bonus = torch.multinomial(target_probs(len(path)), 1, generator=generator)
     return Verdict(len(path), path + [int(bonus)])
+
+
+@dataclass
+class TreeVerdict:
+    """Outcome of verifying a token tree: the accepted ``nodes`` (a branch from the anchor down) and the ``emitted``
+    tokens (theirs, then one token of the target's)."""
+
+    nodes: list[int]
+    emitted: list[int]
+
+
+def verify_tree_greedy(tree, target_choice: Callable[[int], int]) -> TreeVerdict:
+    """Walk down the tree while the target's choice after the current node (``target_choice(node)``, ``-1`` for the
+    anchor) is one of its children; then emit the target's choice."""
+    node, nodes, emitted = -1, [], []
+    while True:
+        choice = target_choice(node)
+        emitted.append(choice)
+        child = tree.child(node, choice)
+        if child is None:
+            return TreeVerdict(nodes, emitted)
+        nodes.append(child)
+        node = child
+
+
+def verify_tree_sampled(
+    tree, target_probs: Callable[[int], torch.Tensor], generator: torch.Generator | None = None
+) -> TreeVerdict:
+    """Recursive rejection sampling down a tree of independently drawn paths (multi-draft speculative sampling).
+
+    At a node, the children of the paths through it are independent draws ``x_1, x_2, ...`` from its proposal ``q``.
+    Draw ``j`` is kept with probability ``min(1, p_j(x_j) / q(x_j))``, with ``p_1`` the target's distribution after
+    the node and ``p_{j+1}`` the residual ``max(p_j - q, 0) / Z`` after a rejection; a kept draw moves the walk to
+    its child, and when every draw is rejected (or the node has none) the emitted token is drawn from the last
+    ``p_j``. Each round is one speculative-sampling step for target ``p_j``, so every emitted token has the target's
+    distribution (proof in ``docs/concepts.md``).
+    """
+    node, nodes, emitted = -1, [], []
+    while True:
+        p = target_probs(node)
+        q = tree.proposals.get(node)
+        kept = None
+        for child in tree.draws.get(node, []):
+            token = tree.tokens[child]
+            if float(torch.rand((), generator=generator)) < acceptance_probability(p, q, token):
+                kept = child
+                break
+            p = rejection_distribution(p, q)
+        if kept is None:
+            emitted.append(int(torch.multinomial(p, 1, generator=generator)))
+            return TreeVerdict(nodes, emitted)
+        nodes.append(kept)
+        emitted.append(tree.tokens[kept])
+        node = kept

@@ -10,8 +10,9 @@ expected count < 5 pooled). With N = 1000 the negative control (keep every draft
 p < 1e-200 in every setting (we require < 1e-6), while the real decoder must pass at p > 1e-3; seeds are fixed, so
 the outcome is reproducible.
 
-Cost-aware block length (verifying only a prefix of each drafted path) keeps the distribution exact, and its
-negative control (a cut that looks at the sampled tokens themselves) is rejected.
+Cost-aware block length (verifying only a prefix of each drafted path) and token trees (several sampled paths
+verified at once by recursive rejection sampling) keep the distribution exact; their negative controls (a cut that
+looks at the sampled tokens themselves; multi-draft rejection without residual updates) are rejected.
 """
 
 import itertools
@@ -21,10 +22,10 @@ import torch
 from conftest import tiny_drafter, tiny_target
 from scipy.stats import chisquare
 
-from dflash2_hf import decoding
+from dflash2_hf import decoding, tree_decoding
 from dflash2_hf.block_length import CycleCost
 from dflash2_hf.lattice import path_confidences
-from dflash2_hf.verification import Verdict
+from dflash2_hf.verification import TreeVerdict, Verdict
 
 VOCAB, NEW_TOKENS, SAMPLES = 5, 4, 1000
 PROMPT = torch.tensor([[1, 3, 2, 0]])
@@ -139,6 +140,38 @@ def test_adaptive_blocks_keep_sampling_exact(models, monkeypatch):
     monkeypatch.setattr(decoding, "path_confidences", peeking_confidences)
     control, _ = sample_with_drafter(target, drafter, settings, dflash_adaptive_block=STEEP_COST)
     assert goodness_of_fit(control, exact) < 1e-6, "a cut that looks at the sampled tokens biases the output"
+
+
+def accept_against_the_unchanged_target(tree, target_probs, generator=None):
+    """Negative control for trees: every draw at a node is tested against the target's ``p`` itself, with no residual
+    update after a rejection (a natural-looking but biased multi-draft scheme)."""
+    node, nodes, emitted = -1, [], []
+    while True:
+        p = target_probs(node)
+        q = tree.proposals.get(node)
+        kept = next((c for c in tree.draws.get(node, [])
+                     if float(torch.rand(())) < min(1.0, float(p[tree.tokens[c]]) / q.prob_of(tree.tokens[c]))), None)
+        if kept is None:
+            return TreeVerdict(nodes, emitted + [int(torch.multinomial(p, 1))])
+        nodes.append(kept)
+        emitted.append(tree.tokens[kept])
+        node = kept
+
+
+@pytest.mark.parametrize("setting", ["temperature 1", "temperature 1.3, top-p 0.8, repetition penalty 1.5"])
+def test_token_trees_keep_sampling_exact(models, setting, monkeypatch):
+    target, drafter = models
+    settings = SETTINGS[setting]
+    exact = exact_distribution(target, settings)
+
+    # 6 nodes over blocks of 2 drafted tokens: trees of 3 independently sampled paths
+    draws, verified = sample_with_drafter(target, drafter, settings, dflash_tree_nodes=6, statistic="verified_lengths")
+    assert max(verified) > 2, "trees with several nodes per depth were verified"
+    assert goodness_of_fit(draws, exact) > 1e-3
+
+    monkeypatch.setattr(tree_decoding, "verify_tree_sampled", accept_against_the_unchanged_target)
+    control, _ = sample_with_drafter(target, drafter, settings, dflash_tree_nodes=6)
+    assert goodness_of_fit(control, exact) < 1e-6, "a multi-draft scheme without residual updates is biased"
 
 
 def test_same_seed_gives_the_same_output(models):

@@ -1,0 +1,157 @@
+"""Tree drafting: several paths through the lattice, merged into one token tree that the target verifies in ONE
+forward pass.
+
+Data flow (one cycle): lattice -> a :class:`DraftTree` (greedy decoding: the likeliest tokens under the selector's
+conditional distributions, grown best-first, :func:`likeliest_tree`; sampling: paths drawn independently from those
+distributions, merged where they share a prefix, :func:`sampled_tree`) -> one target forward over the anchor and
+every node, each attending to the verified context and its own ancestors only (:meth:`DraftTree.attention_mask`,
+:meth:`DraftTree.position_ids`) -> exact verification walks down the tree
+(:func:`~dflash2_hf.verification.verify_tree_greedy`, :func:`~dflash2_hf.verification.verify_tree_sampled`) ->
+:func:`keep_branch` compacts the target's KV cache to the accepted branch.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import torch
+
+from .lattice import Lattice, sample_path
+from .verification import SparseDistribution
+
+ROOT = -1  # the anchor: the last verified token, parent of the first drafted tokens
+
+
+@dataclass
+class DraftTree:
+    """Drafted tokens as a tree below the anchor, nodes in insertion order (every parent before its children).
+
+    Attributes:
+        tokens: token id of each node.
+        parents: parent node of each node (:data:`ROOT` for the anchor).
+        draws: per parent, the child node of every path that passed through it, in path order; when sampling these
+            are independent draws from ``proposals[parent]`` (a token drawn twice appears twice).
+        proposals: per parent, the distribution its children were drawn from (sampling only).
+    """
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    draws: dict[int, list[int]] = field(default_factory=dict)
+    proposals: dict[int, SparseDistribution] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add_path(self, tokens: list[int], proposals: list[SparseDistribution] | None = None) -> None:
+        """Insert a path below the anchor, reusing the nodes of a shared prefix."""
+        parent = ROOT
+        for depth, token in enumerate(tokens):
+            child = next((c for c in self.draws.get(parent, []) if self.tokens[c] == token), None)
+            if child is None:
+                child = len(self.tokens)
+                self.tokens.append(token)
+                self.parents.append(parent)
+            self.draws.setdefault(parent, []).append(child)
+            if proposals is not None:
+                self.proposals.setdefault(parent, proposals[depth])
+            parent = child
+
+    def child(self, parent: int, token: int) -> int | None:
+        """The child of ``parent`` holding ``token``, if any."""
+        return next((c for c in self.draws.get(parent, []) if self.tokens[c] == token), None)
+
+    def branch(self, node: int) -> list[int]:
+        """The nodes from the anchor's child down to ``node`` (empty for :data:`ROOT`)."""
+        nodes = []
+        while node != ROOT:
+            nodes.append(node)
+            node = self.parents[node]
+        return nodes[::-1]
+
+    def depths(self) -> list[int]:
+        """Depth of every node (1 for the anchor's children)."""
+        depths: list[int] = []
+        for parent in self.parents:
+            depths.append(1 if parent == ROOT else depths[parent] + 1)
+        return depths
+
+    def position_ids(self, anchor_position: int) -> torch.Tensor:
+        """``[1, 1 + len]`` positions of the anchor and every node (a node sits at its depth after the anchor)."""
+        return torch.tensor([[anchor_position] + [anchor_position + d for d in self.depths()]])
+
+    def attention_mask(self, past_length: int, dtype: torch.dtype) -> torch.Tensor:
+        """``[1, 1, 1 + len, past_length + 1 + len]`` additive mask: the anchor and every node see the whole verified
+        context (``past_length`` cached tokens), the anchor and their own ancestors, and themselves."""
+        size = 1 + len(self)
+        allowed = torch.zeros(size, past_length + size, dtype=torch.bool)
+        allowed[:, : past_length + 1] = True  # the context and the anchor
+        for node in range(len(self)):
+            for ancestor in self.branch(node):
+                allowed[1 + node, past_length + 1 + ancestor] = True
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+        return mask[None, None]
+
+
+def likeliest_tree(lattice: Lattice, nodes: int) -> DraftTree:
+    """The ``nodes`` drafted tokens whose whole branch is likeliest under the selector's conditional distributions
+    (the drafter's own without pair scores), grown best-first from the anchor (greedy decoding): every node's branch
+    probability ``q_1 q_2 ... q_d`` is at least that of any token left out, so the tree maximises the expected number
+    of accepted tokens those probabilities predict for its size."""
+    if lattice.pair_scores is not None:
+        log_q = lattice.transition_log_probs()[0]
+    else:
+        log_q = torch.log_softmax(lattice.candidate_logits[0].float(), dim=-1)[:, None, :].expand(-1, lattice.top_k, -1)
+    log_q = log_q.tolist()
+    candidates = lattice.candidate_ids[0].tolist()
+    tree = DraftTree()
+    frontier = [(-score, 0, ROOT, index) for index, score in enumerate(log_q[0][0])]  # row 0: after the anchor
+    heapq.heapify(frontier)
+    while frontier and len(tree) < nodes:
+        negative, depth, parent, index = heapq.heappop(frontier)
+        node = len(tree)
+        tree.tokens.append(candidates[depth][index])
+        tree.parents.append(parent)
+        tree.draws.setdefault(parent, []).append(node)
+        if depth + 1 < len(log_q):
+            for child, score in enumerate(log_q[depth + 1][index]):
+                heapq.heappush(frontier, (negative - score, depth + 1, node, child))
+    return tree
+
+
+def sampled_tree(lattice: Lattice, paths: int, temperature: float) -> DraftTree:
+    """The tree of ``paths`` independent draws of a path (sampling), each node remembering the distribution its
+    children were drawn from."""
+    repeated = Lattice(
+        anchor_ids=lattice.anchor_ids.expand(paths),
+        candidate_ids=lattice.candidate_ids.expand(paths, -1, -1),
+        candidate_logits=lattice.candidate_logits.expand(paths, -1, -1),
+        pair_scores=None if lattice.pair_scores is None else lattice.pair_scores.expand(paths, -1, -1, -1),
+    )
+    picks, distributions = sample_path(repeated, temperature)
+    tree = DraftTree()
+    for row in range(paths):
+        tokens = repeated.tokens(picks[row : row + 1])[0]
+        proposals = [SparseDistribution(lattice.candidate_ids[0, i], q) for i, q in enumerate(distributions[row])]
+        tree.add_path(tokens.tolist(), proposals)
+    return tree
+
+
+def keep_branch(cache, past_length: int, nodes: list[int]) -> None:
+    """Compact every layer of the target's cache to the verified context, the anchor and the accepted ``nodes``
+    (the tree forward appended the anchor and all nodes after ``past_length`` cached tokens)."""
+    keep = torch.tensor([past_length] + [past_length + 1 + n for n in nodes])
+    for layer in cache.layers:
+        if layer.get_seq_length() == 0:
+            continue
+        index = keep.to(layer.keys.device)
+        layer.keys = torch.cat([layer.keys[..., :past_length, :], layer.keys.index_select(-2, index)], dim=-2)
+        layer.values = torch.cat([layer.values[..., :past_length, :], layer.values.index_select(-2, index)], dim=-2)
+
+
+def check_tree_cache(cache) -> None:
+    """Tree verification compacts full-attention caches; a sliding-window layer keeps a rolling window it cannot
+    compact, so such targets are refused."""
+    if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
+        raise ValueError("Tree verification (dflash_tree_nodes) needs a target whose layers all use full "
+                         "attention; this target has sliding-window layers. Use dflash_tree_nodes=0.")

@@ -1,0 +1,92 @@
+"""The decoding loop with token trees (``dflash_tree_nodes`` > 0): :class:`TreeDecoder` is :class:`DFlashDecoder`
+with a cycle that verifies a :class:`~dflash2_hf.tree.DraftTree` instead of one path.
+
+One cycle: draft a block -> pair-score the lattice -> several paths merged into a tree -> ONE target forward over
+the anchor and every node (tree attention mask, tree positions) -> exact walk down the tree -> the target's cache
+compacted to the accepted branch -> the branch's hidden states feed the next draft.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch.profiler import record_function
+
+from .decoding import DFlashDecoder, DraftRecord
+from .lattice import PathStrategy
+from .tree import ROOT, DraftTree, check_tree_cache, keep_branch, likeliest_tree, sampled_tree
+from .verification import TreeVerdict, verify_tree_greedy, verify_tree_sampled
+
+
+class TreeDecoder(DFlashDecoder):
+    """Runs one generation whose cycles verify token trees (full-attention targets only)."""
+
+    def __init__(self, target, drafter, options, generation_config, logits_processor, stopping_criteria, streamer, cache):
+        check_tree_cache(cache)
+        super().__init__(target, drafter, options, generation_config, logits_processor, stopping_criteria, streamer, cache)
+
+    def _cycle(self, sequence: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, bool, torch.Tensor]:
+        """One cycle with a token tree: draft, grow a tree over the lattice, verify every node in one target forward
+        (tree attention mask and positions), keep the accepted branch in the cache."""
+        anchor_position = sequence.shape[1] - 1
+        anchor = int(sequence[0, -1])
+        length = min(self.options.block_size - 1, self.max_length - sequence.shape[1] - 1)
+
+        tick = time.perf_counter()
+        tree = DraftTree()
+        if length > 0:
+            with record_function("dflash2.draft"):
+                lattice, hidden = self.block.draft(context, anchor, anchor_position, length)
+            drafted = time.perf_counter()
+            self.stats.draft_seconds += drafted - tick
+            tick = drafted
+            with record_function("dflash2.select"):
+                if self.options.path is not PathStrategy.ARGMAX:
+                    lattice = self.block.score(lattice, hidden)
+                nodes = self.options.tree_nodes
+                if self.do_sample:  # independent paths of `length` tokens, at most `nodes` tokens in all
+                    tree = sampled_tree(lattice, max(1, nodes // length), self.temperature)
+                else:
+                    tree = likeliest_tree(lattice, nodes)
+            self.stats.select_seconds += time.perf_counter() - tick
+            tick = time.perf_counter()
+
+        with record_function("dflash2.verify_forward"):
+            output = self._forward(
+                sequence.new_tensor([[anchor] + tree.tokens]),
+                attention_mask=tree.attention_mask(anchor_position, self.target.dtype),
+                position_ids=tree.position_ids(anchor_position).to(sequence.device),
+            )
+        with record_function("dflash2.verify_decide"):
+            verdict = self._verify_tree(sequence, tree, output.logits[0])
+        with record_function("dflash2.cache_crop"):
+            keep_branch(self.cache, anchor_position, verdict.nodes)
+        self.stats.verify_seconds += time.perf_counter() - tick
+
+        with record_function("dflash2.emit"):
+            sequence, stopped = self._emit(sequence, verdict.emitted)
+        self.stats.acceptance_lengths.append(len(verdict.emitted))
+        self.stats.verified_lengths.append(len(tree))
+        if self.stats.drafts is not None and length > 0:
+            self.stats.drafts.append(DraftRecord(anchor_position, lattice.candidate_ids[0].cpu(), verdict.emitted[:-1]))
+        with record_function("dflash2.context"):
+            context = self.block.context_features(output.hidden_states, [0] + [node + 1 for node in verdict.nodes])
+        return sequence, stopped, context
+
+    def _verify_tree(self, sequence: torch.Tensor, tree: DraftTree, logits: torch.Tensor) -> TreeVerdict:
+        """Verify a tree whose forward gave ``logits`` (row 0: after the anchor; row ``1 + n``: after node ``n``)."""
+
+        def row(node: int) -> int:
+            return 0 if node == ROOT else node + 1
+
+        def processed(node: int) -> torch.Tensor:
+            prefix = torch.cat([sequence, sequence.new_tensor([[tree.tokens[n] for n in tree.branch(node)]])], dim=1)
+            return self._processed(prefix, prefix.shape[1], logits[row(node)])
+
+        if not self.do_sample:
+            if len(self.logits_processor) == 0 and not (self.keep_scores or self.keep_logits):
+                choices = logits.argmax(dim=-1).tolist()
+                return verify_tree_greedy(tree, lambda node: choices[row(node)])
+            return verify_tree_greedy(tree, lambda node: int(processed(node).argmax()))
+        return verify_tree_sampled(tree, lambda node: torch.softmax(processed(node), dim=-1))

@@ -1,0 +1,128 @@
+"""Tree verification: building the token tree, its mask and positions, cache compaction, and exact greedy output."""
+
+import pytest
+import torch
+from conftest import tiny_drafter, tiny_target
+from transformers import DynamicCache
+
+from dflash2_hf.lattice import Lattice
+from dflash2_hf.tree import ROOT, DraftTree, keep_branch, likeliest_tree
+from dflash2_hf.verification import verify_tree_greedy
+
+PROMPT = torch.tensor([[5, 17, 33, 2, 71, 8]])
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target("qwen3", seed=1)
+
+
+@pytest.fixture(scope="module")
+def drafter():
+    return tiny_drafter("dflash2", seed=4)
+
+
+def three_paths() -> DraftTree:
+    tree = DraftTree()
+    for path in ([10, 11, 12], [10, 13], [20, 21]):
+        tree.add_path(path)
+    return tree
+
+
+def test_paths_sharing_a_prefix_share_its_nodes():
+    tree = three_paths()
+    assert tree.tokens == [10, 11, 12, 13, 20, 21]
+    assert tree.parents == [ROOT, 0, 1, 0, ROOT, 4]
+    assert tree.draws[ROOT] == [0, 0, 4] and tree.draws[0] == [1, 3]
+    assert tree.depths() == [1, 2, 3, 2, 1, 2]
+    assert tree.branch(2) == [0, 1, 2] and tree.branch(ROOT) == []
+
+
+def test_each_node_sees_the_context_the_anchor_and_its_own_ancestors_only():
+    tree = three_paths()
+    allowed = tree.attention_mask(past_length=2, dtype=torch.float32)[0, 0] == 0
+    # rows: anchor, nodes 0..5; columns: 2 cached tokens, anchor, nodes 0..5
+    expected = torch.tensor([
+        [1, 1, 1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 1, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0, 1, 0],
+        [1, 1, 1, 0, 0, 0, 0, 1, 1],
+    ], dtype=torch.bool)
+    assert torch.equal(allowed, expected)
+    assert tree.position_ids(anchor_position=7).tolist() == [[7, 8, 9, 10, 9, 8, 9]]
+
+
+def test_greedy_walk_follows_the_targets_choices_down_the_tree():
+    tree = three_paths()
+    choices = {ROOT: 10, 0: 13, 3: 99}
+    verdict = verify_tree_greedy(tree, choices.__getitem__)
+    assert verdict.nodes == [0, 3] and verdict.emitted == [10, 13, 99]
+
+
+def test_the_likeliest_tree_grows_best_first_by_branch_probability():
+    scores = torch.full((1, 2, 2, 2), -10.0)
+    scores[0, 0, :, 0], scores[0, 0, :, 1] = 0.0, -0.1  # position 0: q = (0.52, 0.48)
+    scores[0, 1, 0] = torch.tensor([-3.0, -4.0])  # after candidate 0: q = (0.73, 0.27)
+    scores[0, 1, 1] = torch.tensor([2.0, -3.0])  # after candidate 1: q = (0.99, 0.01)
+    lattice = Lattice(torch.tensor([1]), torch.tensor([[[5, 6], [7, 8]]]), torch.zeros(1, 2, 2), scores)
+    # branch probabilities: 5: .52, 6: .48, 6-7: .48 * .99 = .475, 5-7: .52 * .73 = .38, 5-8: .14, 6-8: .005
+    assert likeliest_tree(lattice, 4).tokens == [5, 6, 7, 7]
+    assert likeliest_tree(lattice, 4).parents == [ROOT, ROOT, 1, 0]
+    assert len(likeliest_tree(lattice, 10)) == 6, "no more nodes than the lattice holds"
+
+
+def test_keep_branch_leaves_the_cache_a_plain_forward_over_the_branch_would_build(target):
+    tree = three_paths()
+    prompt = PROMPT[:, :5]
+    anchor = int(PROMPT[0, 5])
+    cache = DynamicCache(config=target.config)
+    target(input_ids=prompt, cache=cache, use_cache=True)
+    past = prompt.shape[1]
+    target(input_ids=torch.tensor([[anchor] + tree.tokens]), cache=cache, use_cache=True,
+           attention_mask=tree.attention_mask(past, torch.float32), position_ids=tree.position_ids(past))
+    keep_branch(cache, past, [0, 3])
+
+    reference = DynamicCache(config=target.config)
+    target(input_ids=torch.cat([prompt, torch.tensor([[anchor, 10, 13]])], dim=1), cache=reference, use_cache=True)
+    for kept, plain in zip(cache.layers, reference.layers):
+        assert torch.allclose(kept.keys, plain.keys, atol=1e-5) and torch.allclose(kept.values, plain.values, atol=1e-5)
+
+
+@pytest.mark.parametrize("nodes", [1, 4, 12])
+@pytest.mark.parametrize("path", ["argmax", "greedy"])
+def test_greedy_output_with_a_token_tree_equals_plain_generate(target, drafter, nodes, path):
+    plain = target.generate(PROMPT, max_new_tokens=30, do_sample=False)
+    ours = target.generate(PROMPT, max_new_tokens=30, do_sample=False, assistant_model=drafter, dflash_path=path,
+                           dflash_tree_nodes=nodes)
+    assert torch.equal(plain, ours)
+    stats = drafter.last_generation_stats
+    assert sum(stats.acceptance_lengths) + 1 == ours.shape[1] - PROMPT.shape[1]
+    assert max(stats.verified_lengths) == nodes, "trees of the requested size were verified (blocks hold 7 drafts)"
+
+
+def test_tree_output_with_logits_processors_and_scores_matches_plain_generate(target, drafter):
+    settings = dict(max_new_tokens=20, do_sample=False, repetition_penalty=1.3, return_dict_in_generate=True,
+                    output_scores=True)
+    plain = target.generate(PROMPT, **settings)
+    ours = target.generate(PROMPT, **settings, assistant_model=drafter, dflash_tree_nodes=10)
+    assert torch.equal(plain.sequences, ours.sequences)
+    assert len(ours.scores) == len(plain.scores)
+    assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(plain.scores, ours.scores))
+
+
+def test_tree_nodes_must_not_be_negative_nor_combined_with_the_adaptive_block(target, drafter):
+    with pytest.raises(ValueError, match="tree_nodes must be >= 0"):
+        target.generate(PROMPT, max_new_tokens=4, assistant_model=drafter, dflash_tree_nodes=-1)
+    with pytest.raises(ValueError, match="cannot be combined with tree_nodes"):
+        target.generate(PROMPT, max_new_tokens=4, assistant_model=drafter, dflash_tree_nodes=2,
+                        dflash_adaptive_block=True)
+
+
+def test_a_target_with_sliding_window_layers_is_refused_for_trees(drafter):
+    sliding = tiny_target("qwen3", seed=1, layer_types=["sliding_attention", "full_attention"] * 2, sliding_window=8,
+                          use_sliding_window=True)
+    with pytest.raises(ValueError, match="sliding-window layers"):
+        sliding.generate(PROMPT, max_new_tokens=4, assistant_model=drafter, dflash_tree_nodes=2)
