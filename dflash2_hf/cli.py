@@ -58,7 +58,8 @@ def train(args: argparse.Namespace) -> None:
     saved_config = out / "drafter_config.json"
     torch.manual_seed(args.seed)
     if args.init_from:  # the layout comes from the drafter being continued (or upgraded to DFlash 2)
-        drafter = drafter_to_continue(args.init_from, selector_rank=args.selector_rank or None)
+        drafter = drafter_to_continue(args.init_from, selector_rank=args.selector_rank or None,
+                                      new_selector=args.new_selector, selector_factorised=args.factorised_selector)
         drafter.config.to_json_file(saved_config)
     else:
         if saved_config.exists():
@@ -257,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fit.add_argument("--block-size", type=int, default=16)
     fit.add_argument("--selector-rank", type=int, default=64, help="0 trains a DFlash v1 drafter (no selector)")
     fit.add_argument("--factorised-selector", action="store_true",
-                     help="a new drafter's selector derives its token codes from the target's input embeddings "
+                     help="a new selector (new drafter or --new-selector) derives its token codes from the target's input embeddings "
                           "(3 x hidden x rank parameters instead of two vocabulary-sized codebooks)")
     fit.add_argument("--intermediate-size", type=int)
     fit.add_argument("--mask-token", default="<empty_output>", help="an existing token the target never emits")
@@ -269,6 +270,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "a DFlash v1 drafter gets a new selector of --selector-rank)")
     fit.add_argument("--selector-only", action="store_true",
                      help="freeze the drafter and train its candidate selector alone")
+    fit.add_argument("--new-selector", action="store_true",
+                     help="with --init-from: replace the drafter's selector by a fresh one of --selector-rank "
+                          "(--factorised-selector for a factorised one)")
     check = commands.add_parser("evaluate", help="mean acceptance length on held-out HumanEval and MT-Bench prompts")
     check.add_argument("drafter", help="drafter folder")
     check.add_argument("--target", default="smollm2-135m")

@@ -52,10 +52,13 @@ class DraftOptions:
         block_size: int | None = None,
         top_k: int | None = None,
         record_drafts: bool = False,
-        adaptive_block: object = False,
+        adaptive_block: object = None,
         tree_nodes: int | None = None,
     ) -> DraftOptions:
-        """Resolve options: the call's value, else the drafter config's; validated."""
+        """Resolve options: the call's value, else the drafter config's; validated.
+
+        A token tree and the adaptive block exclude each other: one set by the call drops the other's config default.
+        """
         config = drafter.config
         fallback = PathStrategy.GREEDY if config.is_dflash2 else PathStrategy.ARGMAX
         path = _first_set(path, config.default_path_strategy, fallback)
@@ -71,10 +74,15 @@ class DraftOptions:
         top_k = int(_first_set(top_k, config.selector_top_k))
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}.")
+        if tree_nodes is not None and adaptive_block is None:
+            adaptive_block = False
+        if adaptive_block not in (None, False) and tree_nodes is None:
+            tree_nodes = 0
+        adaptive_block = _first_set(adaptive_block, config.default_adaptive_block)
         if not (isinstance(adaptive_block, bool) or callable(getattr(adaptive_block, "verified_length", None))):
             raise ValueError("adaptive_block must be True, False or a CycleCost (an object with verified_length()); "
                              f"got {adaptive_block!r}.")
-        tree_nodes = int(_first_set(tree_nodes, 0))
+        tree_nodes = int(_first_set(tree_nodes, config.default_tree_nodes))
         if tree_nodes < 0:
             raise ValueError(f"tree_nodes must be >= 0 (0: one path), got {tree_nodes}.")
         if tree_nodes and adaptive_block is not False:

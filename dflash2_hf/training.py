@@ -145,28 +145,44 @@ def initialize_from_target(drafter: DFlashDraftModel, target: torch.nn.Module) -
     return copied + ["fc.weight", "hidden_norm.weight"]
 
 
-def drafter_to_continue(folder: str | Path, selector_rank: int | None = None, selector_top_k: int = 16) -> DFlashDraftModel:
+def drafter_to_continue(
+    folder: str | Path, selector_rank: int | None = None, selector_top_k: int = 16, new_selector: bool = False,
+    selector_factorised: bool = False,
+) -> DFlashDraftModel:
     """The drafter a run starts from when it continues a trained one (fp32, strictly loaded).
 
     A DFlash 2 drafter, or any drafter when ``selector_rank`` is None, is returned as saved. A DFlash v1 drafter with a
     ``selector_rank`` is upgraded to DFlash 2: its weights are kept, the block convolutions start as the identity (so it
-    drafts exactly as before) and a fresh candidate selector is added, ready for selector-only training.
+    drafts exactly as before) and a fresh candidate selector is added, ready for selector-only training. With
+    ``new_selector``, a DFlash 2 drafter's selector is replaced by a fresh one (of ``selector_rank``, factorised or
+    not), the rest kept: how two selectors are compared on the same drafter.
     """
     drafter = DFlashDraftModel.from_pretrained(folder, dtype=torch.float32)
-    if drafter.config.is_dflash2 or selector_rank is None:
+    upgrade = not drafter.config.is_dflash2 and selector_rank is not None
+    if not (upgrade or new_selector):
         return drafter
-    config = DFlashConfig.from_dict({**drafter.config.to_dict(), "conv_kernel_size": 2, "conv_group_size": 16,
-                                     "selector_rank": selector_rank, "selector_top_k": selector_top_k})
-    upgraded = DFlashDraftModel.class_for_config(config)(config)
-    missing, unexpected = upgraded.load_state_dict(drafter.state_dict(), strict=False)
-    not_new = [name for name in missing if not (name.startswith("candidate_selector.") or "_conv." in name)]
+    if selector_rank is None:
+        raise ValueError("A new candidate selector needs a selector rank (--selector-rank).")
+    changes = {"selector_rank": selector_rank, "selector_top_k": selector_top_k,
+               "selector_factorised": selector_factorised}
+    if upgrade:
+        changes |= {"conv_kernel_size": 2, "conv_group_size": 16}
+    saved = drafter.config.to_dict()
+    saved.update(changes)
+    saved.get("dflash_config", {}).update(changes)  # the saved nested copy of the DFlash fields wins over the top level
+    config = DFlashConfig.from_dict(saved)
+    rebuilt = DFlashDraftModel.class_for_config(config)(config)
+    kept = {name: tensor for name, tensor in drafter.state_dict().items() if not name.startswith("candidate_selector.")}
+    missing, unexpected = rebuilt.load_state_dict(kept, strict=False)
+    not_new = [name for name in missing if not (name.startswith("candidate_selector.") or (upgrade and "_conv." in name))]
     if unexpected or not_new:
-        raise ValueError(f"cannot upgrade {folder}: unexpected {unexpected}, missing {not_new}")
-    with torch.no_grad():
-        for module in upgraded.modules():
-            if isinstance(module, GroupedDynamicConv):
-                module.kernel_projection.weight.zero_()  # no dynamic kernel: with the identity base, a no-op
-    return upgraded
+        raise ValueError(f"cannot continue {folder} with a new selector: unexpected {unexpected}, missing {not_new}")
+    if upgrade:
+        with torch.no_grad():
+            for module in rebuilt.modules():
+                if isinstance(module, GroupedDynamicConv):
+                    module.kernel_projection.weight.zero_()  # no dynamic kernel: with the identity base, a no-op
+    return rebuilt
 
 
 @dataclass
@@ -383,7 +399,7 @@ class DrafterTrainer:
                 scored = selector_positions(everything).sum() / processes
                 select = selector_loss(drafter, hidden if self.config.train_drafter else hidden.detach(), logits,
                                        labels, normaliser=scored.clamp_min(1),
-                                       embedding_table=self.target.get_input_embeddings().weight)
+                                       embedding_table=self.target.get_input_embeddings().weight.detach())
         loss = (drafter_loss if self.config.train_drafter else 0.0) + self.config.selector_weight * select
         correct = (logits.argmax(-1) == gold) & valid
         accuracy = (correct.sum(0) / valid.sum(0).clamp_min(1)).tolist()

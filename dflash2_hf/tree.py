@@ -13,6 +13,7 @@ every node, each attending to the verified context and its own ancestors only (:
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -119,19 +120,22 @@ def likeliest_tree(lattice: Lattice, nodes: int) -> DraftTree:
     return tree
 
 
-def sampled_tree(lattice: Lattice, paths: int, temperature: float) -> DraftTree:
-    """The tree of ``paths`` independent draws of a path (sampling), each node remembering the distribution its
-    children were drawn from."""
-    repeated = Lattice(
+def sampled_tree(lattice: Lattice, nodes: int, temperature: float) -> DraftTree:
+    """A tree of at most ``nodes`` tokens from independently drawn paths (sampling): ``floor(sqrt(nodes))`` paths of
+    ``nodes // paths`` tokens (at most the lattice's length), merged where they share a prefix; every node remembers
+    the distribution its children were drawn from."""
+    paths = max(1, math.isqrt(nodes))
+    depth = min(max(1, nodes // paths), lattice.candidate_ids.shape[1])
+    shallow = Lattice(
         anchor_ids=lattice.anchor_ids.expand(paths),
-        candidate_ids=lattice.candidate_ids.expand(paths, -1, -1),
-        candidate_logits=lattice.candidate_logits.expand(paths, -1, -1),
-        pair_scores=None if lattice.pair_scores is None else lattice.pair_scores.expand(paths, -1, -1, -1),
+        candidate_ids=lattice.candidate_ids[:, :depth].expand(paths, -1, -1),
+        candidate_logits=lattice.candidate_logits[:, :depth].expand(paths, -1, -1),
+        pair_scores=None if lattice.pair_scores is None else lattice.pair_scores[:, :depth].expand(paths, -1, -1, -1),
     )
-    picks, distributions = sample_path(repeated, temperature)
+    picks, distributions = sample_path(shallow, temperature)
     tree = DraftTree()
     for row in range(paths):
-        tokens = repeated.tokens(picks[row : row + 1])[0]
+        tokens = shallow.tokens(picks[row : row + 1])[0]
         proposals = [SparseDistribution(lattice.candidate_ids[0, i], q) for i, q in enumerate(distributions[row])]
         tree.add_path(tokens.tolist(), proposals)
     return tree

@@ -45,8 +45,8 @@ class TreeDecoder(DFlashDecoder):
                 if self.options.path is not PathStrategy.ARGMAX:
                     lattice = self.block.score(lattice, hidden)
                 nodes = self.options.tree_nodes
-                if self.do_sample:  # independent paths of `length` tokens, at most `nodes` tokens in all
-                    tree = sampled_tree(lattice, max(1, nodes // length), self.temperature)
+                if self.do_sample:
+                    tree = sampled_tree(lattice, nodes, self.temperature)
                 else:
                     tree = likeliest_tree(lattice, nodes)
             self.stats.select_seconds += time.perf_counter() - tick

@@ -62,6 +62,8 @@ class DFlashConfig(PreTrainedConfig):
         input_embedding_scale: multiplies the target's input embeddings of the block.
         default_path_strategy: the path strategy ``generate`` uses when the call does not choose one (``None``:
             ``greedy`` for DFlash 2, ``argmax`` for DFlash v1).
+        default_tree_nodes / default_adaptive_block: what ``generate`` uses when the call sets neither
+            ``dflash_tree_nodes`` nor ``dflash_adaptive_block`` (0 / False: verify one whole path).
         is_causal: attend causally inside the block instead of bidirectionally (the published drafters use
             bidirectional attention).
     """
@@ -104,6 +106,8 @@ class DFlashConfig(PreTrainedConfig):
     final_logit_softcapping: float | None = None
     input_embedding_scale: float = 1.0
     default_path_strategy: str | None = None
+    default_tree_nodes: int = 0
+    default_adaptive_block: bool = False
 
     def __post_init__(self, **kwargs: Any) -> None:
         nested = kwargs.pop("dflash_config", None) or {}

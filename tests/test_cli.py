@@ -164,6 +164,18 @@ def test_train_init_from_with_selector_only_changes_only_the_selector(target, da
     assert record["started_from"] == json.loads((source / "training.json").read_text()), "the earlier run's record is kept"
 
 
+def test_train_new_selector_swaps_in_a_factorised_selector_on_the_same_drafter(target, data, trained, tmp_path):
+    source = trained / "drafter"
+    run(train_argv(target, data[0], tmp_path / "run", "--init-from", str(source), "--selector-only", "--new-selector",
+                   "--factorised-selector", "--selector-rank", "4"))
+    before, after = load_file(source / "model.safetensors"), load_file(tmp_path / "run" / "drafter" / "model.safetensors")
+    drafter_part = {name for name in before if not name.startswith("candidate_selector.")}
+    assert all(torch.equal(before[name], after[name]) for name in drafter_part), "the drafter itself is kept frozen"
+    assert not any("codebook" in name for name in after), "the codebook selector is gone"
+    config = DFlashDraftModel.from_pretrained(tmp_path / "run" / "drafter").config
+    assert config.selector_factorised and config.selector_rank == 4
+
+
 def test_train_init_from_upgrades_a_dflash_v1_drafter_to_dflash2(target, data, tmp_path):
     run(train_argv(target, data[0], tmp_path / "v1", "--selector-rank", "0"))
     v1 = tmp_path / "v1" / "drafter"

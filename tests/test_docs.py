@@ -244,6 +244,32 @@ DOCUMENTED_COMMANDS = {
     "mtbench --per-source 1 --temperatures 0 --max-new-tokens 64 --dtype bfloat16 --threads 2 "
     "--out docs/results/qwen2.5-coder-1.5b-assisted":
         "tests/test_cli.py::test_bench_without_a_drafter_runs_classic_assisted_generation",
+    # Token trees, the cost-aware block length and llama.cpp: SmolLM2 and the shipped drafter (slow; CI builds
+    # llama-cpp-python), 1 HumanEval prompt, 8 new tokens, 1 thread, one tree size.
+    "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 4 --temperatures 0 1 --max-new-tokens 128 "
+    "--dtype float32 --threads 2 --paths greedy --adaptive-block --tree-nodes 8 16 "
+    "--out docs/results/smollm2-135m-fp32-trees":
+        "tests/test_llama_cpp_peer.py::test_bench_runs_llama_cpp_next_to_trees_and_adaptive_blocks",
+    "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 4 --temperatures 0 1 --max-new-tokens 128 "
+    "--dtype float32 --threads 2 --paths argmax greedy --adaptive-block --llama-cpp "
+    "--out docs/results/smollm2-135m-fp32-adaptive":
+        "tests/test_llama_cpp_peer.py::test_bench_runs_llama_cpp_next_to_trees_and_adaptive_blocks",
+    "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 4 --temperatures 1 --max-new-tokens 128 "
+    "--dtype float32 --threads 2 --paths greedy --adaptive-block --tree-nodes 8 16 "
+    "--out docs/results/smollm2-135m-fp32-trees-t1":
+        "tests/test_llama_cpp_peer.py::test_bench_runs_llama_cpp_next_to_trees_and_adaptive_blocks",
+    "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 4 --temperatures 0 --max-new-tokens 128 "
+    "--dtype bfloat16 --threads 2 --paths greedy --adaptive-block --tree-nodes 8 16 --llama-cpp "
+    "--out docs/results/smollm2-135m-bf16-trees":
+        "tests/test_llama_cpp_peer.py::test_bench_runs_llama_cpp_next_to_trees_and_adaptive_blocks",
+    # The Qwen2.5-Coder runs, on SmolLM2 as target and draft LM (CI installs no 1.5B parts), 8 new tokens.
+    "dflash2-hf bench --target qwen2.5-coder-1.5b --assistant qwen2.5-coder-0.5b --no-drafter --llama-cpp --prompts "
+    "humaneval mtbench --per-source 2 --temperatures 0 --max-new-tokens 64 --dtype bfloat16 --threads 2 "
+    "--out docs/results/qwen2.5-coder-1.5b-llama":
+        "tests/test_llama_cpp_peer.py::test_bench_runs_llama_cpp_without_a_drafter",
+    "dflash2-hf bench --target qwen2.5-coder-0.5b --no-drafter --llama-cpp --prompts humaneval mtbench --per-source 2 "
+    "--temperatures 0 --max-new-tokens 64 --dtype bfloat16 --threads 2 --out docs/results/qwen2.5-coder-0.5b-llama":
+        "tests/test_llama_cpp_peer.py::test_bench_runs_llama_cpp_without_a_drafter",
     # The real SmolLM2 and shipped drafter (slow), 16 new tokens instead of 128.
     "python scripts/profile_cycle.py --out docs/results/profile-smollm2-135m-fp32.json":
         "tests/test_scripts.py::test_profile_script_times_every_step_of_the_cycle_and_writes_them",

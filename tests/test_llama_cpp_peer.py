@@ -1,9 +1,14 @@
 """llama.cpp's plain decoding as a benchmark peer, on the real SmolLM2-135M-Instruct GGUF file (slow: CI builds
 llama-cpp-python for this CPU in `.ci/run`)."""
 
+import contextlib
+import io
+import json
+
 import pytest
 import torch
 
+from dflash2_hf.cli import main
 from dflash2_hf.evaluation import benchmark_prompts
 from dflash2_hf.llama_cpp_peer import LlamaCppMethod
 from dflash2_hf.presets import SMOLLM2_135M, load_target
@@ -43,3 +48,35 @@ def test_llama_cpp_sampling_is_reproducible_per_seed(smollm2):
     (_, prompt), = benchmark_prompts(tokenizer, ["mtbench"], 1)
     first, again, other = (llama.decode(target, prompt, 16, 1.0, seed).sequence for seed in (3, 3, 4))
     assert torch.equal(first, again) and not torch.equal(first, other)
+
+
+def bench_report(tmp_path, *argv: str) -> dict:
+    """`dflash2-hf bench ARGV` on 1 HumanEval prompt, 8 new tokens, 1 thread: its results.json."""
+    threads = torch.get_num_threads()
+    out = tmp_path / "report"
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert main(["bench", "--prompts", "humaneval", "--per-source", "1", "--temperatures", "0",
+                         "--max-new-tokens", "8", "--dtype", "float32", "--threads", "1", *argv, "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return json.loads((out / "results.json").read_text())
+
+
+def test_bench_runs_llama_cpp_next_to_trees_and_adaptive_blocks(tmp_path, monkeypatch):
+    """docs/results.md's SmolLM2 runs with `--paths greedy --adaptive-block --tree-nodes 8 16 --llama-cpp`, on the
+    shipped drafter (one tree size)."""
+    monkeypatch.setenv("DFLASH2_HF_CACHE", str(tmp_path / "cache"))
+    report = bench_report(tmp_path, "--target", "smollm2-135m", "--paths", "greedy", "--adaptive-block",
+                          "--tree-nodes", "8", "--llama-cpp")
+    methods = {row["method"] for row in report["summary"]}
+    assert {"dflash2 greedy", "dflash2 greedy adaptive", "dflash2 greedy tree8", "llama.cpp plain (GGUF)"} <= methods
+    assert report["settings"]["llama_cpp"] == "0.3.36"
+
+
+def test_bench_runs_llama_cpp_without_a_drafter(tmp_path):
+    """docs/results.md's Qwen2.5-Coder runs (`--no-drafter --llama-cpp`), on SmolLM2 (CI installs no 1.5B parts)."""
+    report = bench_report(tmp_path, "--target", "smollm2-135m", "--assistant", "smollm2-135m", "--no-drafter",
+                          "--llama-cpp")
+    assert {row["method"] for row in report["summary"]} == {"plain", "prompt lookup", "assisted (draft LM)",
+                                                            "llama.cpp plain (GGUF)"}

@@ -164,13 +164,13 @@ def test_token_trees_keep_sampling_exact(models, setting, monkeypatch):
     settings = SETTINGS[setting]
     exact = exact_distribution(target, settings)
 
-    # 6 nodes over blocks of 2 drafted tokens: trees of 3 independently sampled paths
-    draws, verified = sample_with_drafter(target, drafter, settings, dflash_tree_nodes=6, statistic="verified_lengths")
+    # 9 nodes over blocks of 2 drafted tokens: trees of 3 independently sampled paths of 2
+    draws, verified = sample_with_drafter(target, drafter, settings, dflash_tree_nodes=9, statistic="verified_lengths")
     assert max(verified) > 2, "trees with several nodes per depth were verified"
     assert goodness_of_fit(draws, exact) > 1e-3
 
     monkeypatch.setattr(tree_decoding, "verify_tree_sampled", accept_against_the_unchanged_target)
-    control, _ = sample_with_drafter(target, drafter, settings, dflash_tree_nodes=6)
+    control, _ = sample_with_drafter(target, drafter, settings, dflash_tree_nodes=9)
     assert goodness_of_fit(control, exact) < 1e-6, "a multi-draft scheme without residual updates is biased"
 
 

@@ -5,6 +5,7 @@ import torch
 from conftest import tiny_drafter, tiny_target
 from transformers import DynamicCache
 
+from dflash2_hf.block_length import CycleCost
 from dflash2_hf.lattice import Lattice
 from dflash2_hf.tree import ROOT, DraftTree, keep_branch, likeliest_tree
 from dflash2_hf.verification import verify_tree_greedy
@@ -126,3 +127,15 @@ def test_a_target_with_sliding_window_layers_is_refused_for_trees(drafter):
                           use_sliding_window=True)
     with pytest.raises(ValueError, match="sliding-window layers"):
         sliding.generate(PROMPT, max_new_tokens=4, assistant_model=drafter, dflash_tree_nodes=2)
+
+
+def test_the_drafter_config_can_make_a_tree_the_default_and_a_call_can_override_it(target):
+    drafter = tiny_drafter("dflash2", seed=4, default_tree_nodes=12)
+    plain = target.generate(PROMPT, max_new_tokens=20, do_sample=False)
+    assert torch.equal(target.generate(PROMPT, max_new_tokens=20, do_sample=False, assistant_model=drafter), plain)
+    assert max(drafter.last_generation_stats.verified_lengths) == 12
+    flat = CycleCost(0.0, (1.0,) * 8)
+    target.generate(PROMPT, max_new_tokens=20, do_sample=False, assistant_model=drafter, dflash_adaptive_block=flat)
+    assert max(drafter.last_generation_stats.verified_lengths) == 7, "an adaptive block drops the config's tree"
+    target.generate(PROMPT, max_new_tokens=20, do_sample=False, assistant_model=drafter, dflash_tree_nodes=0)
+    assert max(drafter.last_generation_stats.verified_lengths) == 7
