@@ -61,9 +61,9 @@ def standard_methods(
     drafter, paths=("argmax",) + SELECTOR_PATHS, assistant=None, prompt_lookup: int = 10,
     block_sizes: list[int] | None = None, cycle_cost=None, tree_nodes: list[int] | None = None,
 ) -> list[Method]:
-    """Plain decoding, prompt lookup, transformers' built-in DFlash on our drafter, ours per path (and per verified
-    block size when several are given: names end in ``b<size>``), and classic assisted generation when a small draft
-    LM is given. With a ``cycle_cost`` (:class:`~dflash2_hf.block_length.CycleCost`), each of ours also runs with the
+    """Plain decoding, prompt lookup, transformers' built-in DFlash on our drafter, ours per path (one whole path
+    each, even for a drafter whose config defaults to a tree; per verified block size when several are given: names
+    end in ``b<size>``), and classic assisted generation when a small draft LM is given. With a ``cycle_cost`` (:class:`~dflash2_hf.block_length.CycleCost`), each of ours also runs with the
     cost-aware block length (names end in ``adaptive``), and with ``tree_nodes`` once per token-tree size (names end
     in ``tree<N>``)."""
     methods = [Method("plain"), Method("prompt lookup", {"prompt_lookup_num_tokens": prompt_lookup})]
@@ -74,7 +74,8 @@ def standard_methods(
         sizes = block_sizes or [None]
         for path in (p for p in paths if p == "argmax" or drafter.config.is_dflash2):
             for size in sizes:
-                kwargs = {"assistant_model": drafter, "dflash_path": path, "dflash_record_drafts": True}
+                kwargs = {"assistant_model": drafter, "dflash_path": path, "dflash_record_drafts": True,
+                          "dflash_tree_nodes": 0}  # one whole path, whatever the drafter's default mode
                 if size is not None:
                     kwargs["dflash_block_size"] = size
                 suffix = f" b{size}" if len(sizes) > 1 else ""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from .drafting import DraftOptions
 from .export import describe_drafter
 from .lattice import PathStrategy
 from .modeling import DFlashConfig, DFlashDraftModel
@@ -127,8 +128,8 @@ def generate(args: argparse.Namespace) -> None:
     inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     sampling = {"do_sample": True, "temperature": args.temperature, "top_p": args.top_p} if args.temperature > 0 else {"do_sample": False}
     settings = dict(max_new_tokens=args.max_new_tokens, **sampling)
-    ours_kwargs = {"assistant_model": drafter, "dflash_path": args.path, "dflash_adaptive_block": args.adaptive_block,
-                   "dflash_tree_nodes": args.tree_nodes}
+    ours_kwargs = {"assistant_model": drafter, "dflash_path": args.path, "dflash_tree_nodes": args.tree_nodes,
+                   "dflash_adaptive_block": args.adaptive_block or None}  # unset: the drafter config's defaults
     # Warm both methods up (first-call allocations, lazy inits, the adaptive block's cost measurement) so neither
     # pays them inside its timing.
     target.generate(**inputs, **ours_kwargs, max_new_tokens=8, do_sample=False)
@@ -140,7 +141,10 @@ def generate(args: argparse.Namespace) -> None:
     ours_seconds = time.perf_counter() - started
     stats = drafter.last_generation_stats
     new_tokens = ours.shape[1] - inputs["input_ids"].shape[1]
-    print(f"\n--- dflash2 ({stats.path}): {new_tokens} tokens, {new_tokens / ours_seconds:.1f} tok/s, "
+    options = DraftOptions.for_drafter(drafter, tree_nodes=args.tree_nodes, adaptive_block=args.adaptive_block or None)
+    mode = (f"tree of {options.tree_nodes}" if options.tree_nodes
+            else "adaptive block" if options.adaptive_block else f"one path of {options.block_size - 1}")
+    print(f"\n--- dflash2 ({stats.path}, {mode}): {new_tokens} tokens, {new_tokens / ours_seconds:.1f} tok/s, "
           f"mean acceptance length {stats.mean_acceptance_length:.2f}")
     if args.no_baseline:
         return
@@ -293,8 +297,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                      help="float32 (default): greedy output token-identical to plain decoding")
     run.add_argument("--no-baseline", action="store_true", help="skip the plain-decoding comparison")
-    run.add_argument("--tree-nodes", type=int, default=0,
-                     help="verify a token tree of up to this many drafted tokens in one target forward (0: one path)")
+    run.add_argument("--tree-nodes", type=int,
+                     help="verify a token tree of up to this many drafted tokens in one target forward (0: one path; "
+                          "default: the drafter's, 8 for the shipped one)")
     run.add_argument("--adaptive-block", action="store_true",
                      help="verify each drafted path only as far as it pays on this machine (cost measured once, cached)")
     measure = commands.add_parser("bench", help="benchmark every decoding method side by side")

@@ -25,6 +25,7 @@ def test_readme_main_command_streams_an_answer_and_matches_plain_decoding(capsys
     assert main(["generate", "Write a Python function that reverses a string.", "--max-new-tokens", "48"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"mean acceptance length (\d+\.\d+)", out)
+    assert "--- dflash2 (greedy, tree of 8):" in out, "the shipped drafter's config makes an 8-node tree the default"
     assert "identical to plain decoding: yes" in out
 
 
