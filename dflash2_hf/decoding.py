@@ -206,19 +206,24 @@ class DFlashDecoder:
             self.streamer.end()
         return sequence
 
+    def _draft(self, sequence: torch.Tensor, context: torch.Tensor):
+        """The timed draft of the block after the sequence's last token: its lattice and the drafter's hidden states,
+        or ``(None, None)`` when no drafted token fits before ``max_length``."""
+        length = min(self.options.block_size - 1, self.max_length - sequence.shape[1] - 1)
+        if length <= 0:
+            return None, None
+        tick = time.perf_counter()
+        with record_function("dflash2.draft"):
+            drafted = self.block.draft(context, int(sequence[0, -1]), sequence.shape[1] - 1, length)
+        self.stats.draft_seconds += time.perf_counter() - tick
+        return drafted
+
     def _cycle(self, sequence: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, bool, torch.Tensor]:
         anchor_position = sequence.shape[1] - 1
-        anchor = int(sequence[0, -1])
-        length = min(self.options.block_size - 1, self.max_length - sequence.shape[1] - 1)
-
-        tick = time.perf_counter()
         path, distributions = [], []
-        if length > 0:
-            with record_function("dflash2.draft"):
-                lattice, hidden = self.block.draft(context, anchor, anchor_position, length)
-            drafted = time.perf_counter()
-            self.stats.draft_seconds += drafted - tick
-            tick = drafted
+        lattice, hidden = self._draft(sequence, context)
+        tick = time.perf_counter()
+        if lattice is not None:
             with record_function("dflash2.select"):
                 path, distributions = self._pick_path(lattice, hidden, anchor_position)
             self.stats.select_seconds += time.perf_counter() - tick

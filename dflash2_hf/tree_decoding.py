@@ -31,16 +31,10 @@ class TreeDecoder(DFlashDecoder):
         (tree attention mask and positions), keep the accepted branch in the cache."""
         anchor_position = sequence.shape[1] - 1
         anchor = int(sequence[0, -1])
-        length = min(self.options.block_size - 1, self.max_length - sequence.shape[1] - 1)
-
-        tick = time.perf_counter()
         tree = DraftTree()
-        if length > 0:
-            with record_function("dflash2.draft"):
-                lattice, hidden = self.block.draft(context, anchor, anchor_position, length)
-            drafted = time.perf_counter()
-            self.stats.draft_seconds += drafted - tick
-            tick = drafted
+        lattice, hidden = self._draft(sequence, context)
+        tick = time.perf_counter()
+        if lattice is not None:
             with record_function("dflash2.select"):
                 if self.options.path is not PathStrategy.ARGMAX:
                     lattice = self.block.score(lattice, hidden)
@@ -68,7 +62,7 @@ class TreeDecoder(DFlashDecoder):
             sequence, stopped = self._emit(sequence, verdict.emitted)
         self.stats.acceptance_lengths.append(len(verdict.emitted))
         self.stats.verified_lengths.append(len(tree))
-        if self.stats.drafts is not None and length > 0:
+        if self.stats.drafts is not None and lattice is not None:
             self.stats.drafts.append(DraftRecord(anchor_position, lattice.candidate_ids[0].cpu(), verdict.emitted[:-1]))
         with record_function("dflash2.context"):
             context = self.block.context_features(output.hidden_states, [0] + [node + 1 for node in verdict.nodes])
