@@ -63,9 +63,10 @@ def standard_methods(
 ) -> list[Method]:
     """Plain decoding, prompt lookup, transformers' built-in DFlash on our drafter, ours per path (one whole path
     each, even for a drafter whose config defaults to a tree; per verified block size when several are given: names
-    end in ``b<size>``), and classic assisted generation when a small draft LM is given. With a ``cycle_cost`` (:class:`~dflash2_hf.block_length.CycleCost`), each of ours also runs with the
-    cost-aware block length (names end in ``adaptive``), and with ``tree_nodes`` once per token-tree size (names end
-    in ``tree<N>``)."""
+    end in ``b<size>``), and classic assisted generation when a small draft LM is given. With a ``cycle_cost``
+    (:class:`~dflash2_hf.block_length.CycleCost`), each of ours also runs with the cost-aware block length (names end
+    in ``adaptive``), and with ``tree_nodes`` once per token-tree size (names end in ``tree<N>``; with a cost also
+    cost-sized: ``tree<N> adaptive``)."""
     methods = [Method("plain"), Method("prompt lookup", {"prompt_lookup_num_tokens": prompt_lookup})]
     if assistant is not None:
         methods.append(Method("assisted (draft LM)", {"assistant_model": assistant}))
@@ -83,7 +84,11 @@ def standard_methods(
                 if cycle_cost is not None:
                     methods.append(Method(f"dflash2 {path}{suffix} adaptive", kwargs | {"dflash_adaptive_block": cycle_cost}))
                 for nodes in tree_nodes or []:
-                    methods.append(Method(f"dflash2 {path}{suffix} tree{nodes}", kwargs | {"dflash_tree_nodes": nodes}))
+                    tree = kwargs | {"dflash_tree_nodes": nodes}
+                    methods.append(Method(f"dflash2 {path}{suffix} tree{nodes}", tree))
+                    if cycle_cost is not None:
+                        methods.append(Method(f"dflash2 {path}{suffix} tree{nodes} adaptive",
+                                              tree | {"dflash_adaptive_block": cycle_cost}))
     return methods
 
 

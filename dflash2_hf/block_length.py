@@ -18,6 +18,10 @@ before token ``i``, never on token ``i`` itself. So the cut is a stopping rule o
 rejection test assumes, and verification stays exact (greedy: identical to plain decoding; sampling: the target's
 distribution).
 
+A token tree is sized the same way (:meth:`CycleCost.worthwhile_size`): its nodes, grown best-first, each add their
+branch probability ``q_1 ... q_d`` to the expected accepted tokens, and nodes are added while the expected rate does
+not drop. The size is read from the lattice alone, before any token is drawn from it, so exactness is unchanged.
+
 :class:`CycleCost` holds the machine's costs; :func:`measure_cycle_cost` times them on the real target and drafter,
 and :func:`cycle_cost_for` caches the measurement per machine, model pair, dtype and thread count.
 """
@@ -25,7 +29,9 @@ and :func:`cycle_cost_for` caches the measurement per machine, model pair, dtype
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import operator
 import os
 import platform
 import statistics
@@ -69,22 +75,26 @@ class CycleCost:
 
     def verified_length(self, confidences: Sequence[float]) -> int:
         """How many leading drafted tokens to verify (0 .. ``len(confidences)``); ``confidences[i]`` is the estimated
-        chance that token ``i + 1`` is accepted given the ones before it.
+        chance that token ``i + 1`` is accepted given the ones before it."""
+        return self.worthwhile_size(list(itertools.accumulate((float(c) for c in confidences), operator.mul)))
 
-        Tokens are added while the expected emitted tokens per second does not drop. A length is priced at the
+    def worthwhile_size(self, gains: Sequence[float]) -> int:
+        """How many of the candidate drafted tokens to verify (0 .. ``len(gains)``), taken in order; ``gains[i]`` is
+        the expected number of extra accepted tokens that verifying token ``i + 1`` brings (a path's survival
+        probability up to it, a tree node's branch probability), non-increasing.
+
+        Tokens are added while the expected emitted tokens per second does not drop. A size is priced at the
         cheapest forward over at least that many tokens: when a longer forward costs less (CPU kernels switch at some
-        widths), verifying more of the drafted path is free and can only add accepted tokens, so the longer one is
-        verified.
+        widths), verifying more is free and can only add accepted tokens, so the longer one is verified.
         """
-        available = len(confidences)
-        expected, survival, length = 1.0, 1.0, 0
-        for drafted, confidence in enumerate(confidences, start=1):
-            longer = expected + survival * float(confidence)
-            gain = longer / self._cheapest(drafted, available)[1] - expected / self._cheapest(drafted - 1, available)[1]
-            if gain < 0:
+        available = len(gains)
+        expected, size = 1.0, 0
+        for drafted, gain in enumerate(gains, start=1):
+            longer = expected + float(gain)
+            if longer / self._cheapest(drafted, available)[1] < expected / self._cheapest(drafted - 1, available)[1]:
                 break
-            expected, survival, length = longer, survival * float(confidence), drafted
-        return self._cheapest(length, available)[0]
+            expected, size = longer, drafted
+        return self._cheapest(size, available)[0]
 
     def _cheapest(self, at_least: int, at_most: int) -> tuple[int, float]:
         """The drafted-token count in ``at_least .. at_most`` whose cycle is cheapest (the longest among equals)."""
@@ -126,16 +136,19 @@ def _median_seconds(action, repeats: int) -> float:
 @torch.no_grad()
 def measure_cycle_cost(
     target: torch.nn.Module, drafter: DFlashDraftModel, block_size: int, context_tokens: int = 128, repeats: int = 3,
+    longest_forward: int | None = None,
 ) -> CycleCost:
-    """Time, on this machine, the target's forward over 1 .. ``block_size`` new tokens after ``context_tokens`` cached
-    ones (a few lengths measured, the rest interpolated) and one draft + path selection of a block.
+    """Time, on this machine, the target's forward over 1 .. ``longest_forward`` (default ``block_size``) new tokens
+    after ``context_tokens`` cached ones (a few lengths measured, the rest interpolated) and one draft + path selection
+    of a block.
 
     Uses a fixed pseudo-random prompt; every forward runs once untimed first, so one-off work is not counted.
     """
     device = target.device
     vocab = target.get_output_embeddings().weight.shape[0]
     generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, vocab, (1, context_tokens + block_size), generator=generator).to(device)
+    longest = max(block_size, longest_forward or block_size)
+    prompt = torch.randint(0, vocab, (1, context_tokens + longest), generator=generator).to(device)
     options = DraftOptions.for_drafter(drafter, block_size=block_size)
     block = BlockDrafter(drafter, target, options)
     cache = DynamicCache(config=target.config)
@@ -149,7 +162,7 @@ def measure_cycle_cost(
         cache.crop(-length)
 
     measured = {}
-    for length in tuple(n for n in MEASURED_LENGTHS if n < block_size) + (block_size,):
+    for length in tuple(n for n in MEASURED_LENGTHS if n < longest) + (longest,):
         verify(length)
         measured[length] = _median_seconds(lambda: verify(length), repeats)
 
@@ -163,7 +176,7 @@ def measure_cycle_cost(
 
     draft()
     fixed = _median_seconds(draft, repeats)
-    return CycleCost(fixed_seconds=fixed, verify_seconds=interpolate(measured, block_size))
+    return CycleCost(fixed_seconds=fixed, verify_seconds=interpolate(measured, longest))
 
 
 def cost_cache_folder() -> Path:
@@ -174,29 +187,32 @@ def cost_cache_folder() -> Path:
     return base / "cycle-costs"
 
 
-def _cost_key(target: torch.nn.Module, drafter: DFlashDraftModel, block_size: int) -> str:
+def _cost_key(target: torch.nn.Module, drafter: DFlashDraftModel, block_size: int, longest_forward: int) -> str:
     """Everything a cost measurement depends on: machine, thread count, torch, both models' configs and dtypes."""
     parts = [
         platform.node(), platform.processor(), platform.machine(), str(os.cpu_count()), str(torch.get_num_threads()),
         torch.__version__, str(target.device), str(target.dtype), str(drafter.dtype), str(block_size),
+        str(longest_forward),
         target.config.to_json_string(use_diff=False), drafter.config.to_json_string(use_diff=False),
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
 def cycle_cost_for(
-    target: torch.nn.Module, drafter: DFlashDraftModel, block_size: int, folder: Path | None = None
+    target: torch.nn.Module, drafter: DFlashDraftModel, block_size: int, folder: Path | None = None,
+    longest_forward: int | None = None,
 ) -> CycleCost:
-    """The cycle cost of this target/drafter pair here: read from the cache folder, else measured (a few seconds)
-    and stored there."""
+    """The cycle cost of this target/drafter pair here, for forwards over up to ``longest_forward`` (default
+    ``block_size``) tokens: read from the cache folder, else measured (a few seconds) and stored there."""
+    longest = max(block_size, longest_forward or block_size)
     folder = Path(folder) if folder is not None else cost_cache_folder()
-    path = folder / f"{_cost_key(target, drafter, block_size)}.json"
+    path = folder / f"{_cost_key(target, drafter, block_size, longest)}.json"
     if path.exists():
         try:
             return CycleCost.from_json(json.loads(path.read_text()))
         except (ValueError, KeyError, TypeError):
             pass  # an unreadable cache entry is measured again and overwritten
-    cost = measure_cycle_cost(target, drafter, block_size)
+    cost = measure_cycle_cost(target, drafter, block_size, longest_forward=longest)
     folder.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(f".{os.getpid()}.tmp")
     temporary.write_text(json.dumps(cost.to_json(), indent=1))

@@ -142,7 +142,8 @@ def generate(args: argparse.Namespace) -> None:
     stats = drafter.last_generation_stats
     new_tokens = ours.shape[1] - inputs["input_ids"].shape[1]
     options = DraftOptions.for_drafter(drafter, tree_nodes=args.tree_nodes, adaptive_block=args.adaptive_block or None)
-    mode = (f"tree of {options.tree_nodes}" if options.tree_nodes
+    mode = (f"tree of up to {options.tree_nodes}, sized by cost" if options.tree_nodes and options.adaptive_block
+            else f"tree of {options.tree_nodes}" if options.tree_nodes
             else "adaptive block" if options.adaptive_block else f"one path of {options.block_size - 1}")
     print(f"\n--- dflash2 ({stats.path}, {mode}): {new_tokens} tokens, {new_tokens / ours_seconds:.1f} tok/s, "
           f"mean acceptance length {stats.mean_acceptance_length:.2f}")
@@ -202,7 +203,8 @@ def bench(args: argparse.Namespace) -> None:
             prompts = benchmark_prompts(tokenizer, args.prompts, args.per_source)
             cycle_cost = None
             if args.adaptive_block and drafter is not None:  # measured (or read) before any timed run
-                cycle_cost = cycle_cost_for(target, drafter, drafter.config.block_size)
+                cycle_cost = cycle_cost_for(target, drafter, drafter.config.block_size,
+                                            longest_forward=max(args.tree_nodes or [0]) + 1)
                 settings["cycle_cost"] = cycle_cost.to_json()
             methods = standard_methods(drafter, args.paths, assistant, block_sizes=args.block_sizes,
                                        cycle_cost=cycle_cost, tree_nodes=args.tree_nodes)
@@ -301,7 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="verify a token tree of up to this many drafted tokens in one target forward (0: one path; "
                           "default: the drafter's, 8 for the shipped one)")
     run.add_argument("--adaptive-block", action="store_true",
-                     help="verify each drafted path only as far as it pays on this machine (cost measured once, cached)")
+                     help="verify each drafted path only as far as it pays on this machine (cost measured once, "
+                          "cached); with --tree-nodes, size each tree that way, up to that many nodes")
     measure = commands.add_parser("bench", help="benchmark every decoding method side by side")
     measure.add_argument("--target", default="smollm2-135m")
     measure.add_argument("--drafter", help="drafter folder (default: the one shipped for the preset)")
@@ -318,7 +321,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     measure.add_argument("--block-sizes", nargs="+", type=int, metavar="N",
                          help="verified block sizes to compare (default: the drafter's); one method per path and size")
     measure.add_argument("--adaptive-block", action="store_true",
-                         help="also run each path with the cost-aware block length (cost measured here first)")
+                         help="also run each path with the cost-aware block length, and each tree size cost-sized "
+                              "(cost measured here first)")
     measure.add_argument("--tree-nodes", nargs="+", type=int, metavar="N",
                          help="also run each path with token trees of up to N drafted tokens (one method per N)")
     measure.add_argument("--llama-cpp", action="store_true",

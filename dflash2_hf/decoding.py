@@ -141,15 +141,16 @@ class DFlashDecoder:
         self.block_cutter = self._block_cutter(options)
 
     def _block_cutter(self, options: DraftOptions):
-        """What decides how much of each drafted path to verify: ``None`` verifies it whole."""
+        """What decides how much of each drafted path (or tree) to verify: ``None`` verifies it whole."""
         if options.adaptive_block is False:
             return None
+        longest = max(options.block_size, options.tree_nodes + 1)  # tokens in the widest target forward
         if options.adaptive_block is True:
-            return cycle_cost_for(self.target, self.drafter, options.block_size)
+            return cycle_cost_for(self.target, self.drafter, options.block_size, longest_forward=longest)
         cost = options.adaptive_block
-        if isinstance(cost, CycleCost) and len(cost.verify_seconds) < options.block_size:
+        if isinstance(cost, CycleCost) and len(cost.verify_seconds) < longest:
             raise ValueError(f"The cycle cost covers verifying {len(cost.verify_seconds)} tokens; this generation "
-                             f"verifies blocks of up to {options.block_size}.")
+                             f"verifies up to {longest}.")
         return cost
 
     def _forward(self, input_ids: torch.Tensor, **kwargs):

@@ -28,13 +28,14 @@ class DraftOptions:
         block_size: tokens per block, anchor included (at most the drafter's trained ``block_size``).
         top_k: candidates kept per position.
         record_drafts: keep every cycle's lattice in the statistics (benchmarks).
-        adaptive_block: verify each drafted path only up to where an extra token's expected gain stops paying for
-            its cost (:mod:`dflash2_hf.block_length`): ``True`` uses this machine's measured (and cached) cycle
-            cost; a :class:`~dflash2_hf.block_length.CycleCost` (or any object with its ``verified_length``) is used
-            as given.
+        adaptive_block: verify each drafted path (or tree) only up to where an extra token's expected gain stops
+            paying for its cost (:mod:`dflash2_hf.block_length`): ``True`` uses this machine's measured (and cached)
+            cycle cost; a :class:`~dflash2_hf.block_length.CycleCost` (or any object with its ``verified_length``
+            and ``worthwhile_size``) is used as given.
         tree_nodes: when > 0, verify a token tree of at most this many drafted tokens in one target forward
             instead of one path (:mod:`dflash2_hf.tree`): greedy decoding takes the likeliest nodes, sampling merges
-            independently drawn paths; 0 verifies one path.
+            independently drawn paths; 0 verifies one path. With ``adaptive_block`` the tree is sized per cycle by
+            the cycle cost, up to this many nodes.
     """
 
     path: PathStrategy
@@ -57,7 +58,8 @@ class DraftOptions:
     ) -> DraftOptions:
         """Resolve options: the call's value, else the drafter config's; validated.
 
-        A token tree and the adaptive block exclude each other: one set by the call drops the other's config default.
+        ``tree_nodes`` or ``adaptive_block`` set alone by the call drops the other's config default (a tree of that
+        size; one cost-cut path); set together they give a cost-sized tree.
         """
         config = drafter.config
         fallback = PathStrategy.GREEDY if config.is_dflash2 else PathStrategy.ARGMAX
@@ -79,14 +81,13 @@ class DraftOptions:
         if adaptive_block not in (None, False) and tree_nodes is None:
             tree_nodes = 0
         adaptive_block = _first_set(adaptive_block, config.default_adaptive_block)
-        if not (isinstance(adaptive_block, bool) or callable(getattr(adaptive_block, "verified_length", None))):
-            raise ValueError("adaptive_block must be True, False or a CycleCost (an object with verified_length()); "
-                             f"got {adaptive_block!r}.")
+        if not (isinstance(adaptive_block, bool) or all(
+                callable(getattr(adaptive_block, method, None)) for method in ("verified_length", "worthwhile_size"))):
+            raise ValueError("adaptive_block must be True, False or a CycleCost (an object with verified_length() and "
+                             f"worthwhile_size()); got {adaptive_block!r}.")
         tree_nodes = int(_first_set(tree_nodes, config.default_tree_nodes))
         if tree_nodes < 0:
             raise ValueError(f"tree_nodes must be >= 0 (0: one path), got {tree_nodes}.")
-        if tree_nodes and adaptive_block is not False:
-            raise ValueError("adaptive_block cuts a single path; it cannot be combined with tree_nodes.")
         return cls(path=path, block_size=block_size, top_k=top_k, record_drafts=bool(record_drafts),
                    adaptive_block=adaptive_block, tree_nodes=tree_nodes)
 

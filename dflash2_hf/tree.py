@@ -34,12 +34,15 @@ class DraftTree:
         draws: per parent, the child node of every path that passed through it, in path order; when sampling these
             are independent draws from ``proposals[parent]`` (a token drawn twice appears twice).
         proposals: per parent, the distribution its children were drawn from (sampling only).
+        branch_probabilities: per node, the product of its branch's conditional probabilities under the selector
+            (:func:`likeliest_tree` only): the expected number of accepted tokens the node adds.
     """
 
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     draws: dict[int, list[int]] = field(default_factory=dict)
     proposals: dict[int, SparseDistribution] = field(default_factory=dict)
+    branch_probabilities: list[float] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -113,6 +116,7 @@ def likeliest_tree(lattice: Lattice, nodes: int) -> DraftTree:
         node = len(tree)
         tree.tokens.append(candidates[depth][index])
         tree.parents.append(parent)
+        tree.branch_probabilities.append(math.exp(-negative))
         tree.draws.setdefault(parent, []).append(node)
         if depth + 1 < len(log_q):
             for child, score in enumerate(log_q[depth + 1][index]):
@@ -120,12 +124,21 @@ def likeliest_tree(lattice: Lattice, nodes: int) -> DraftTree:
     return tree
 
 
+def worthwhile_tree_size(lattice: Lattice, nodes: int, cost) -> int:
+    """How many drafted tokens (0 .. ``nodes``) a tree should hold under a cycle ``cost``
+    (:meth:`~dflash2_hf.block_length.CycleCost.worthwhile_size` over the likeliest tree's branch probabilities, which
+    come best-first). It reads the lattice only, never a drawn token, so sizing keeps sampling exact."""
+    return cost.worthwhile_size(likeliest_tree(lattice, nodes).branch_probabilities)
+
+
 def sampled_tree(lattice: Lattice, nodes: int, temperature: float) -> DraftTree:
     """A tree of at most ``nodes`` tokens from independently drawn paths (sampling): ``floor(sqrt(nodes))`` paths of
     ``nodes // paths`` tokens (at most the lattice's length), merged where they share a prefix; every node remembers
-    the distribution its children were drawn from."""
-    paths = max(1, math.isqrt(nodes))
-    depth = min(max(1, nodes // paths), lattice.candidate_ids.shape[1])
+    the distribution its children were drawn from (no nodes: an empty tree)."""
+    if nodes < 1:
+        return DraftTree()
+    paths = math.isqrt(nodes)
+    depth = min(nodes // paths, lattice.candidate_ids.shape[1])
     shallow = Lattice(
         anchor_ids=lattice.anchor_ids.expand(paths),
         candidate_ids=lattice.candidate_ids[:, :depth].expand(paths, -1, -1),

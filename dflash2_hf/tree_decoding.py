@@ -1,9 +1,10 @@
 """The decoding loop with token trees (``dflash_tree_nodes`` > 0): :class:`TreeDecoder` is :class:`DFlashDecoder`
 with a cycle that verifies a :class:`~dflash2_hf.tree.DraftTree` instead of one path.
 
-One cycle: draft a block -> pair-score the lattice -> several paths merged into a tree -> ONE target forward over
-the anchor and every node (tree attention mask, tree positions) -> exact walk down the tree -> the target's cache
-compacted to the accepted branch -> the branch's hidden states feed the next draft.
+One cycle: draft a block -> pair-score the lattice -> (with ``adaptive_block``: the tree's size from the cycle
+cost) -> several paths merged into a tree -> ONE target forward over the anchor and every node (tree attention mask,
+tree positions) -> exact walk down the tree -> the target's cache compacted to the accepted branch -> the branch's
+hidden states feed the next draft.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from torch.profiler import record_function
 
 from .decoding import DFlashDecoder, DraftRecord
 from .lattice import PathStrategy
-from .tree import ROOT, DraftTree, check_tree_cache, keep_branch, likeliest_tree, sampled_tree
+from .tree import (ROOT, DraftTree, check_tree_cache, keep_branch, likeliest_tree, sampled_tree,
+                   worthwhile_tree_size)
 from .verification import TreeVerdict, verify_tree_greedy, verify_tree_sampled
 
 
@@ -39,6 +41,8 @@ class TreeDecoder(DFlashDecoder):
                 if self.options.path is not PathStrategy.ARGMAX:
                     lattice = self.block.score(lattice, hidden)
                 nodes = self.options.tree_nodes
+                if self.block_cutter is not None:
+                    nodes = worthwhile_tree_size(lattice, nodes, self.block_cutter)
                 if self.do_sample:
                     tree = sampled_tree(lattice, nodes, self.temperature)
                 else:

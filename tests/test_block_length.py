@@ -40,6 +40,14 @@ def test_the_cut_is_a_stopping_rule_later_confident_tokens_do_not_extend_it():
     assert cost.verified_length([0.9, 0.05, 1.0]) == 1
 
 
+def test_a_tree_grows_by_branch_probabilities_while_each_node_pays_for_itself():
+    # rates: 0 nodes 1/1.0; 1: 1.9/1.5 = 1.27; 2: 2.7/2.0 = 1.35; 3: 3.0/2.5 = 1.2 -> two nodes
+    cost = CycleCost(fixed_seconds=0.0, verify_seconds=(1.0, 1.5, 2.0, 2.5))
+    assert cost.worthwhile_size([0.9, 0.8, 0.3]) == 2
+    assert cost.worthwhile_size([0.9, 0.81, 0.729]) == cost.verified_length([0.9, 0.9, 0.9]) == 3, \
+        "a path's gains are its survival probabilities"
+
+
 def test_interpolation_is_linear_between_and_beyond_the_measured_lengths():
     assert interpolate({1: 1.0, 2: 2.0, 4: 3.0}, 6) == pytest.approx((1.0, 2.0, 2.5, 3.0, 3.5, 4.0))
 

@@ -306,6 +306,16 @@ def test_bench_adaptive_block_adds_a_cost_aware_method_per_path(target, trained,
     assert "drafted tokens verified" in (tmp_path / "report" / "results.md").read_text()
 
 
+def test_bench_adaptive_block_with_tree_sizes_adds_a_cost_sized_tree(target, trained, tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH2_HF_CACHE", str(tmp_path / "cache"))
+    report = bench_once("--target", target, "--drafter", str(trained / "drafter"), "--paths", "greedy",
+                        "--adaptive-block", "--tree-nodes", "6", "--dtype", "float32", "--out", str(tmp_path / "report"))
+    rows = {row["method"]: row for row in report["summary"]}
+    assert {"dflash2 greedy tree6", "dflash2 greedy tree6 adaptive"} <= set(rows)
+    assert len(report["settings"]["cycle_cost"]["verify_seconds"]) == 7, "the cost covers the widest tree forward"
+    assert 0 <= rows["dflash2 greedy tree6 adaptive"]["mean_verified_drafted_tokens"] <= 6
+
+
 def test_bench_llama_cpp_needs_a_gguf_target_and_says_so_before_loading(target, trained, tmp_path):
     with pytest.raises(SystemExit, match="not a GGUF checkpoint; --llama-cpp needs a GGUF preset target"):
         bench_once("--target", target, "--drafter", str(trained / "drafter"), "--llama-cpp", "--out", str(tmp_path))
@@ -323,6 +333,15 @@ def test_generate_with_adaptive_blocks_matches_plain_decoding(target, trained, t
                    "--drafter", str(trained / "drafter"), "--max-new-tokens", "8", "--adaptive-block"])
     assert "--- identical to plain decoding: yes" in printed
     assert len(list((tmp_path / "cycle-costs").glob("*.json"))) == 1
+
+
+def test_generate_with_a_cost_sized_tree_matches_plain_decoding(target, trained, tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH2_HF_CACHE", str(tmp_path))
+    printed = run(["generate", "Write a Python function that reverses a string.", "--target", target,
+                   "--drafter", str(trained / "drafter"), "--max-new-tokens", "8", "--tree-nodes", "6",
+                   "--adaptive-block"])
+    assert "--- dflash2 (greedy, tree of up to 6, sized by cost): 8 tokens" in printed
+    assert "--- identical to plain decoding: yes" in printed
 
 
 def test_data_existing_responses_takes_the_chat_files_replies_without_generating(target, tmp_path):

@@ -174,6 +174,26 @@ def test_token_trees_keep_sampling_exact(models, setting, monkeypatch):
     assert goodness_of_fit(control, exact) < 1e-6, "a multi-draft scheme without residual updates is biased"
 
 
+# Each verified token costs 0.3 of a one-token forward: the tree's size changes from cycle to cycle.
+STEEP_TREE_COST = CycleCost(fixed_seconds=0.0, verify_seconds=tuple(1.0 + 0.3 * m for m in range(10)))
+
+
+def test_cost_sized_token_trees_keep_sampling_exact(models, monkeypatch):
+    target, drafter = models
+    settings = SETTINGS["temperature 1"]
+    exact = exact_distribution(target, settings)
+
+    draws, verified = sample_with_drafter(target, drafter, settings, dflash_tree_nodes=9,
+                                          dflash_adaptive_block=STEEP_TREE_COST, statistic="verified_lengths")
+    assert len(set(verified)) >= 3 and max(verified) < 9, "the cost sizes each tree, differently per cycle"
+    assert goodness_of_fit(draws, exact) > 1e-3
+
+    monkeypatch.setattr(tree_decoding, "verify_tree_sampled", accept_against_the_unchanged_target)
+    control, _ = sample_with_drafter(target, drafter, settings, dflash_tree_nodes=9,
+                                     dflash_adaptive_block=STEEP_TREE_COST)
+    assert goodness_of_fit(control, exact) < 1e-6, "the test still detects a biased multi-draft scheme"
+
+
 def test_same_seed_gives_the_same_output(models):
     target, drafter = models
     runs = []

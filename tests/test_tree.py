@@ -7,7 +7,7 @@ from transformers import DynamicCache
 
 from dflash2_hf.block_length import CycleCost
 from dflash2_hf.lattice import Lattice
-from dflash2_hf.tree import ROOT, DraftTree, keep_branch, likeliest_tree
+from dflash2_hf.tree import ROOT, DraftTree, keep_branch, likeliest_tree, sampled_tree, worthwhile_tree_size
 from dflash2_hf.verification import verify_tree_greedy
 
 PROMPT = torch.tensor([[5, 17, 33, 2, 71, 8]])
@@ -72,6 +72,7 @@ def test_the_likeliest_tree_grows_best_first_by_branch_probability():
     # branch probabilities: 5: .52, 6: .48, 6-7: .48 * .99 = .475, 5-7: .52 * .73 = .38, 5-8: .14, 6-8: .005
     assert likeliest_tree(lattice, 4).tokens == [5, 6, 7, 7]
     assert likeliest_tree(lattice, 4).parents == [ROOT, ROOT, 1, 0]
+    assert likeliest_tree(lattice, 4).branch_probabilities == pytest.approx([0.525, 0.475, 0.4718, 0.3836], abs=1e-3)
     assert len(likeliest_tree(lattice, 10)) == 6, "no more nodes than the lattice holds"
 
 
@@ -114,12 +115,44 @@ def test_tree_output_with_logits_processors_and_scores_matches_plain_generate(ta
     assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(plain.scores, ours.scores))
 
 
-def test_tree_nodes_must_not_be_negative_nor_combined_with_the_adaptive_block(target, drafter):
+def test_tree_nodes_must_not_be_negative(target, drafter):
     with pytest.raises(ValueError, match="tree_nodes must be >= 0"):
         target.generate(PROMPT, max_new_tokens=4, assistant_model=drafter, dflash_tree_nodes=-1)
-    with pytest.raises(ValueError, match="cannot be combined with tree_nodes"):
-        target.generate(PROMPT, max_new_tokens=4, assistant_model=drafter, dflash_tree_nodes=2,
-                        dflash_adaptive_block=True)
+
+
+def test_a_cost_sized_tree_holds_only_the_nodes_that_pay_for_themselves():
+    lattice = Lattice(torch.tensor([1]), torch.tensor([[[5, 6], [7, 8]]]), torch.zeros(1, 2, 2), None)
+    # no pair scores: q = (1/2, 1/2) at both positions, so branch probabilities .5, .5, .25, .25, .25, .25
+    flat = CycleCost(0.0, (1.0,) * 7)
+    assert worthwhile_tree_size(lattice, 6, flat) == 6
+    steep = CycleCost(0.0, tuple(1.0 + 0.3 * m for m in range(7)))  # rates 1, 1.15, 1.25, 1.19: two nodes
+    assert worthwhile_tree_size(lattice, 6, steep) == 2
+
+
+def test_a_tree_sized_to_no_nodes_is_empty_in_both_modes():
+    lattice = Lattice(torch.tensor([1]), torch.tensor([[[5, 6], [7, 8]]]), torch.zeros(1, 2, 2), None)
+    assert len(likeliest_tree(lattice, 0)) == 0 and len(sampled_tree(lattice, 0, temperature=1.0)) == 0
+    assert len(sampled_tree(lattice, 1, temperature=1.0)) == 1
+
+
+# Each verified token costs 0.3 of a one-token forward: trees are cut to their nodes that pay.
+STEEP_TREE_COST = CycleCost(0.0, tuple(1.0 + 0.3 * m for m in range(13)))
+
+
+@pytest.mark.parametrize("path", ["argmax", "greedy"])
+def test_greedy_output_with_a_cost_sized_tree_equals_plain_generate(target, drafter, path):
+    plain = target.generate(PROMPT, max_new_tokens=30, do_sample=False)
+    ours = target.generate(PROMPT, max_new_tokens=30, do_sample=False, assistant_model=drafter, dflash_path=path,
+                           dflash_tree_nodes=12, dflash_adaptive_block=STEEP_TREE_COST)
+    assert torch.equal(plain, ours)
+    verified = drafter.last_generation_stats.verified_lengths
+    assert max(verified) < 12 and len(set(verified)) > 1, "the cost sized the trees, differently per cycle"
+
+
+def test_a_cost_model_narrower_than_the_tree_is_refused(target, drafter):
+    with pytest.raises(ValueError, match="cycle cost covers verifying 8 tokens"):
+        target.generate(PROMPT, max_new_tokens=4, assistant_model=drafter, dflash_tree_nodes=12,
+                        dflash_adaptive_block=CycleCost(0.0, (1.0,) * 8))
 
 
 def test_a_target_with_sliding_window_layers_is_refused_for_trees(drafter):
