@@ -270,10 +270,20 @@ def acceptance_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux: from /proc/cpuinfo), else what ``platform`` knows."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
 def environment() -> dict:
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
             "threads": torch.get_num_threads(), "processor": platform.processor() or platform.machine(),
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "cpu": cpu_model(), "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def write_report(runs: list[Run], folder: str | Path, command: str, settings: dict) -> dict:

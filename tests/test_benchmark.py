@@ -49,7 +49,7 @@ def test_draft_figures_are_consistent(report):
 def test_report_files_are_written(report):
     folder = report[1]
     data = json.loads((folder / "results.json").read_text())
-    assert data["command"] == "dflash2-hf bench (test)" and data["environment"]["torch"]
+    assert data["command"] == "dflash2-hf bench (test)" and data["environment"]["torch"] and data["environment"]["cpu"]
     assert len(data["runs"]) == 3 * 2 * 7
     assert "| dflash2 greedy |" in (folder / "results.md").read_text()
     assert (folder / "speedup.png").stat().st_size > 1000 and (folder / "drafts.png").stat().st_size > 1000
