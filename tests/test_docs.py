@@ -262,6 +262,15 @@ DOCUMENTED_COMMANDS = {
     "--dtype bfloat16 --threads 2 --paths greedy --adaptive-block --tree-nodes 8 16 --llama-cpp "
     "--out docs/results/smollm2-135m-bf16-trees":
         "tests/test_llama_cpp_peer.py::test_bench_runs_llama_cpp_next_to_trees_and_adaptive_blocks",
+    # docs/results.md: trees sized by the cost model (the tiny target, a 6-node tree).
+    "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 4 --temperatures 0 --max-new-tokens 128 "
+    "--dtype float32 --threads 2 --paths greedy --adaptive-block --tree-nodes 8 16 "
+    "--out docs/results/smollm2-135m-fp32-tree-sizing":
+        "tests/test_cli.py::test_bench_adaptive_block_with_tree_sizes_adds_a_cost_sized_tree",
+    "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 4 --temperatures 0 --max-new-tokens 128 "
+    "--dtype bfloat16 --threads 2 --paths greedy --adaptive-block --tree-nodes 8 16 "
+    "--out docs/results/smollm2-135m-bf16-tree-sizing":
+        "tests/test_cli.py::test_bench_adaptive_block_with_tree_sizes_adds_a_cost_sized_tree",
     # The Qwen2.5-Coder runs, on SmolLM2 as target and draft LM (CI installs no 1.5B parts), 8 new tokens.
     "dflash2-hf bench --target qwen2.5-coder-1.5b --assistant qwen2.5-coder-0.5b --no-drafter --llama-cpp --prompts "
     "humaneval mtbench --per-source 2 --temperatures 0 --max-new-tokens 64 --dtype bfloat16 --threads 2 "
@@ -273,6 +282,11 @@ DOCUMENTED_COMMANDS = {
     # The real SmolLM2 and shipped drafter (slow), 16 new tokens instead of 128.
     "python scripts/profile_cycle.py --out docs/results/profile-smollm2-135m-fp32.json":
         "tests/test_scripts.py::test_profile_script_times_every_step_of_the_cycle_and_writes_them",
+    # docs/results.md: the CPU options probe, on 8 new tokens, one thread and the options that need no compilation.
+    "python scripts/cpu_options_probe.py --dtype float32 --threads 2 --out docs/results/cpu-options-float32.json":
+        "tests/test_scripts.py::test_cpu_options_probe_times_each_option_against_eager_and_checks_the_tokens",
+    "python scripts/cpu_options_probe.py --dtype bfloat16 --threads 2 --out docs/results/cpu-options-bfloat16.json":
+        "tests/test_scripts.py::test_cpu_options_probe_times_each_option_against_eager_and_checks_the_tokens",
     # docs/drafter.md and docs/export.md: the factorised selector, 3 training steps on the tiny target, exported with it.
     "dflash2-hf train --factorised-selector":
         "tests/test_cli.py::test_train_factorised_selector_then_export_it_in_the_published_layout",

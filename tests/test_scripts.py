@@ -43,3 +43,19 @@ def test_profile_script_times_every_step_of_the_cycle_and_writes_them(tmp_path):
     assert sum(steps.values()) == pytest.approx(record["seconds"], rel=0.05)
     assert record["cycles"] > 0 and record["new_tokens"] == 16
     assert "| verify_forward |" in result.stdout
+
+
+@pytest.mark.slow
+def test_cpu_options_probe_times_each_option_against_eager_and_checks_the_tokens(tmp_path):
+    """docs/results.md's `python scripts/cpu_options_probe.py --options ... --out ...` on 8 new tokens, one thread,
+    and the options that need no compilation."""
+    out = tmp_path / "cpu_options.json"
+    command = [sys.executable, str(ROOT / "scripts" / "cpu_options_probe.py"), "--max-new-tokens", "8", "--threads",
+               "1", "--dtype", "float32", "--options", "eager", "static", "quanto-int8", "ours", "--out", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {row["option"]: row for row in json.loads(out.read_text())["rows"]}
+    assert list(rows) == ["eager", "static", "quanto-int8", "ours"]
+    assert rows["eager"]["ratio_to_eager"] == 1.0 and all(r["tokens_per_second"] > 0 for r in rows.values())
+    assert rows["static"]["same_tokens_as_eager"] and rows["ours"]["same_tokens_as_eager"], "exact in fp32"
+    assert "| quanto-int8 |" in result.stdout
