@@ -42,6 +42,16 @@ def make_data(args: argparse.Namespace) -> None:
     print(f"{done} {'replies written' if replies is not None else 'prompts answered'} in {args.out}")
 
 
+def vocabulary_id(tokenizer, token: str) -> int:
+    """The id of ``token`` as one entry of the tokenizer's vocabulary; a token it lacks is refused (tokenizers would
+    silently map it to their unknown token)."""
+    vocabulary = tokenizer.get_vocab()
+    if token not in vocabulary:
+        raise SystemExit(f"--mask-token {token!r} is not a token of the target's vocabulary; pass one it has and never "
+                         "emits (e.g. an unused special token such as <|fim_pad|> for Qwen2.5) or --mask-token-id.")
+    return vocabulary[token]
+
+
 def train(args: argparse.Namespace) -> None:
     """Train a drafter on cached responses (resumes from ``--out``), then export it."""
     from pathlib import Path
@@ -66,7 +76,7 @@ def train(args: argparse.Namespace) -> None:
         if saved_config.exists():
             config = DFlashConfig.from_pretrained(saved_config)
         else:
-            mask = args.mask_token_id if args.mask_token_id is not None else tokenizer.convert_tokens_to_ids(args.mask_token)
+            mask = args.mask_token_id if args.mask_token_id is not None else vocabulary_id(tokenizer, args.mask_token)
             config = drafter_config_for(target.config, mask, num_layers=args.layers, num_taps=args.taps,
                                         block_size=args.block_size, selector_rank=args.selector_rank or None,
                                         intermediate_size=args.intermediate_size,

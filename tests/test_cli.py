@@ -187,6 +187,20 @@ def test_train_init_from_upgrades_a_dflash_v1_drafter_to_dflash2(target, data, t
     assert all(torch.equal(before[name], after[name]) for name in before), "the v1 weights are kept, frozen"
 
 
+def test_train_takes_the_mask_token_and_mlp_width_it_is_given(target, data, tmp_path):
+    run(train_argv(target, data[0], tmp_path / "run", "--factorised-selector", "--intermediate-size", "48",
+                   "--mask-token", "<filename>"))
+    config = DFlashDraftModel.from_pretrained(tmp_path / "run" / "drafter").config
+    assert config.intermediate_size == 48 and config.selector_factorised
+    assert config.mask_token_id == SMOLLM2_135M.load_tokenizer().convert_tokens_to_ids("<filename>")
+
+
+def test_train_refuses_a_mask_token_the_vocabulary_lacks_before_training(target, data, tmp_path):
+    with pytest.raises(SystemExit, match="'<\\|fim_pad\\|>' is not a token of the target's vocabulary"):
+        run(train_argv(target, data[0], tmp_path / "run", "--mask-token", "<|fim_pad|>"))
+    assert not list((tmp_path / "run").glob("step-*")), "no training step ran"
+
+
 def test_train_factorised_selector_then_export_it_in_the_published_layout(target, data, tmp_path):
     run(train_argv(target, data[0], tmp_path / "run", "--factorised-selector"))
     drafter = DFlashDraftModel.from_pretrained(tmp_path / "run" / "drafter")

@@ -282,6 +282,15 @@ DOCUMENTED_COMMANDS = {
     # The real SmolLM2 and shipped drafter (slow), 16 new tokens instead of 128.
     "python scripts/profile_cycle.py --out docs/results/profile-smollm2-135m-fp32.json":
         "tests/test_scripts.py::test_profile_script_times_every_step_of_the_cycle_and_writes_them",
+    # docs/training.md: the Qwen2.5-Coder recipe, on the tiny target (a SmolLM2-vocabulary mask token) and a 3-prompt
+    # chat file instead of ShareGPT's replies.
+    "dflash2-hf data --target qwen2.5-coder-0.5b --out runs/qwen0.5b-data --limit 3000 --existing-responses "
+    "--max-new-tokens 256":
+        "tests/test_cli.py::test_data_existing_responses_takes_the_chat_files_replies_without_generating",
+    "dflash2-hf train --target qwen2.5-coder-0.5b --data runs/qwen0.5b-data --out runs/qwen0.5b-train --steps 3200 "
+    "--layers 2 --taps 3 --factorised-selector --selector-rank 64 --block-size 16 --batch-size 4 --blocks 24 "
+    "--intermediate-size 2432 --mask-token \"<|fim_pad|>\" --lr 1e-3 --warmup 50 --checkpoint-every 100":
+        "tests/test_cli.py::test_train_takes_the_mask_token_and_mlp_width_it_is_given",
     # docs/results.md: the CPU options probe, on 8 new tokens, one thread and the options that need no compilation.
     "python scripts/cpu_options_probe.py --dtype float32 --threads 2 --out docs/results/cpu-options-float32.json":
         "tests/test_scripts.py::test_cpu_options_probe_times_each_option_against_eager_and_checks_the_tokens",
