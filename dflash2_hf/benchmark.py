@@ -281,9 +281,10 @@ def cpu_model() -> str:
 
 
 def environment() -> dict:
+    """Versions, threads, CPU model and peak memory of this process: results from different machines differ."""
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "threads": torch.get_num_threads(), "processor": platform.processor() or platform.machine(),
-            "cpu": cpu_model(), "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "threads": torch.get_num_threads(), "cpu": cpu_model(),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def write_report(runs: list[Run], folder: str | Path, command: str, settings: dict) -> dict:

@@ -89,7 +89,8 @@ def train(args: argparse.Namespace) -> None:
     training = TrainingConfig(output_dir=str(out), steps=args.steps, batch_size=args.batch_size,
                               blocks_per_sequence=args.blocks, learning_rate=args.lr, warmup_steps=args.warmup,
                               checkpoint_every=args.checkpoint_every, seed=args.seed,
-                              heldout_fraction=args.heldout_fraction, train_drafter=not args.selector_only)
+                              heldout_fraction=args.heldout_fraction, train_drafter=not args.selector_only,
+                              feature_cache_gb=args.feature_cache_gb)
     trainer = DrafterTrainer(drafter, target, records, training)
     history = trainer.train()
     export = Path(args.export or out / "drafter")
@@ -281,6 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     fit.add_argument("--mask-token-id", type=int)
     fit.add_argument("--heldout-fraction", type=float, default=0.05, help="records kept out for the acceptance curve")
     fit.add_argument("--seed", type=int, default=0)
+    fit.add_argument("--feature-cache-gb", type=float, default=8.0,
+                     help="memory for the target features kept between steps; sequences past it are recomputed")
     fit.add_argument("--init-from", metavar="DRAFTER",
                      help="start from a trained drafter folder instead of the target's layers (continue training it; "
                           "a DFlash v1 drafter gets a new selector of --selector-rank)")

@@ -53,6 +53,7 @@ class TrainingConfig:
     heldout_fraction: float = 0.0
     seed: int = 0
     bf16: bool = True
+    feature_cache_gb: float = 8.0  # target features kept in memory; sequences past it are recomputed each time
 
 
 def drafter_config_for(
@@ -319,6 +320,7 @@ class DrafterTrainer:
         self.step = 0
         self.history: list[dict] = []
         self.feature_cache: dict[int, torch.Tensor] = {}
+        self.feature_cache_bytes = 0
 
     def _lr_factor(self, step: int) -> float:
         if step < self.config.warmup_steps:
@@ -341,13 +343,19 @@ class DrafterTrainer:
 
     @torch.no_grad()
     def _features_of(self, record_id: int, input_ids: torch.Tensor) -> torch.Tensor:
-        """Target features of one unpadded sequence, computed once and kept (in the target's dtype)."""
-        if record_id not in self.feature_cache:
-            layers = self.unwrapped.target_layer_ids
-            output = self.target(input_ids=input_ids[None].to(self.accelerator.device),
-                                 output_hidden_states=[i + 1 for i in layers], logits_to_keep=1)
-            self.feature_cache[record_id] = torch.cat([output.hidden_states[i + 1] for i in layers], dim=-1)[0]
-        return self.feature_cache[record_id]
+        """Target features of one unpadded sequence, computed once and kept (in the target's dtype) while the cache
+        stays under ``feature_cache_gb``."""
+        if record_id in self.feature_cache:
+            return self.feature_cache[record_id]
+        layers = self.unwrapped.target_layer_ids
+        output = self.target(input_ids=input_ids[None].to(self.accelerator.device),
+                             output_hidden_states=[i + 1 for i in layers], logits_to_keep=1)
+        features = torch.cat([output.hidden_states[i + 1] for i in layers], dim=-1)[0]
+        size = features.numel() * features.element_size()
+        if self.feature_cache_bytes + size <= self.config.feature_cache_gb * 2**30:
+            self.feature_cache[record_id] = features
+            self.feature_cache_bytes += size
+        return features
 
     def target_features(self, batch: BlockBatch) -> torch.Tensor:
         """``[b, T, taps * hidden]`` features of the batch's sequences, zero past each sequence's end."""
@@ -409,19 +417,27 @@ class DrafterTrainer:
     def heldout_acceptance(self) -> float:
         """Mean acceptance length of the argmax path on held-out sequences: 1 + the drafted prefix that matches the
         target's own continuation. The data are the target's greedy outputs, so this is what greedy decoding with
-        this drafter accepts (counting the target's extra token), measured teacher-forced."""
+        this drafter accepts (counting the target's extra token), measured teacher-forced. Sequences go through in
+        training-batch-sized chunks: all at once, the logits alone would take ``sequences x blocks x block x
+        vocabulary`` floats (tens of GB for a 150K vocabulary)."""
         if not self.heldout:
             return float("nan")
         generator = torch.Generator().manual_seed(12345)
-        batch = sample_blocks(self.heldout, self.unwrapped.block_size, self.config.blocks_per_sequence,
-                              self.config.max_length, generator, record_ids=[-1 - i for i in range(len(self.heldout))])
+        accepted = []
         self.drafter.eval()
-        _, logits, labels = self._forward(batch)
+        for start in range(0, len(self.heldout), self.config.batch_size):
+            chunk = self.heldout[start: start + self.config.batch_size]
+            ids = [-1 - i for i in range(start, start + len(chunk))]
+            batch = sample_blocks(chunk, self.unwrapped.block_size, self.config.blocks_per_sequence,
+                                  self.config.max_length, generator, record_ids=ids)
+            _, logits, labels = self._forward(batch)
+            gold = labels[:, 1:]
+            full = (gold != IGNORE).all(-1)  # blocks that lie wholly inside their sequence
+            matches = (logits.argmax(-1) == gold).long().cumprod(-1).sum(-1)
+            accepted.append(1 + matches[full])
         self.drafter.train()
-        gold = labels[:, 1:]
-        full = (labels[:, 1:] != IGNORE).all(-1)  # blocks that lie wholly inside their sequence
-        matches = ((logits.argmax(-1) == gold) & (gold != IGNORE)).long().cumprod(-1).sum(-1)
-        return float((1 + matches[full]).float().mean()) if full.any() else float("nan")
+        accepted = torch.cat(accepted)
+        return float(accepted.float().mean()) if accepted.numel() else float("nan")
 
     def resume(self) -> None:
         """Continue from the newest checkpoint in ``output_dir``, if there is one."""

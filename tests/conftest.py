@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
 from dflash2_hf import DFlashConfig, DFlashDraftModel
+from dflash2_hf.block_length import CycleCost
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PUBLISHED = FIXTURES / "published"
@@ -68,6 +69,12 @@ def new_drafter(kind: str = "dflash2", **overrides) -> DFlashDraftModel:
     config = tiny_drafter_config(kind, **overrides)
     torch.manual_seed(0)
     return DFlashDraftModel.class_for_config(config)(config)
+
+
+def steep_cost(widths: int) -> CycleCost:
+    """A cost model over forwards of 1..``widths`` tokens in which each verified token costs 0.3 of a one-token
+    forward: cost-sized trees and paths come out of different sizes from cycle to cycle."""
+    return CycleCost(fixed_seconds=0.0, verify_seconds=tuple(1.0 + 0.3 * m for m in range(widths)))
 
 
 def random_records(count: int = 8, seed: int = 0) -> list[dict]:

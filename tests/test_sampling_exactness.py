@@ -19,7 +19,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import tiny_drafter, tiny_target
+from conftest import steep_cost, tiny_drafter, tiny_target
 from scipy.stats import chisquare
 
 from dflash2_hf import decoding, tree_decoding
@@ -174,8 +174,7 @@ def test_token_trees_keep_sampling_exact(models, setting, monkeypatch):
     assert goodness_of_fit(control, exact) < 1e-6, "a multi-draft scheme without residual updates is biased"
 
 
-# Each verified token costs 0.3 of a one-token forward: the tree's size changes from cycle to cycle.
-STEEP_TREE_COST = CycleCost(fixed_seconds=0.0, verify_seconds=tuple(1.0 + 0.3 * m for m in range(10)))
+STEEP_TREE_COST = steep_cost(10)
 
 
 def test_cost_sized_token_trees_keep_sampling_exact(models, monkeypatch):

@@ -214,6 +214,21 @@ def test_heldout_acceptance_is_recorded_and_plotted(target, records, tmp_path):
     assert training_curves(history, tmp_path / "curves.png").stat().st_size > 1000
 
 
+def test_heldout_acceptance_goes_through_in_batches_with_the_same_result(target, records, tmp_path):
+    run = trainer(target, records, tmp_path, steps=1, heldout_fraction=0.5)
+    whole = run.heldout_acceptance()
+    run.config.batch_size = 1  # one held-out sequence per forward: the same blocks, the same figure
+    assert run.heldout_acceptance() == whole
+
+
+def test_past_its_budget_the_feature_cache_stops_growing_and_training_is_unchanged(target, records, tmp_path):
+    uncached = trainer(target, records, tmp_path / "uncached", steps=3, feature_cache_gb=0.0)
+    cached = trainer(target, records, tmp_path / "cached", steps=3)
+    losses = [[h["loss"] for h in run.train()] for run in (uncached, cached)]
+    assert uncached.feature_cache == {} and cached.feature_cache
+    assert losses[0] == losses[1]
+
+
 def test_initialising_from_the_target_copies_its_top_layers_and_final_norm(target):
     from dflash2_hf.training import initialize_from_target
 

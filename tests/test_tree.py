@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import tiny_drafter, tiny_target
+from conftest import steep_cost, tiny_drafter, tiny_target
 from transformers import DynamicCache
 
 from dflash2_hf.block_length import CycleCost
@@ -125,7 +125,7 @@ def test_a_cost_sized_tree_holds_only_the_nodes_that_pay_for_themselves():
     # no pair scores: q = (1/2, 1/2) at both positions, so branch probabilities .5, .5, .25, .25, .25, .25
     flat = CycleCost(0.0, (1.0,) * 7)
     assert worthwhile_tree_size(lattice, 6, flat) == 6
-    steep = CycleCost(0.0, tuple(1.0 + 0.3 * m for m in range(7)))  # rates 1, 1.15, 1.25, 1.19: two nodes
+    steep = steep_cost(7)  # rates 1, 1.15, 1.25, 1.19: two nodes
     assert worthwhile_tree_size(lattice, 6, steep) == 2
 
 
@@ -135,8 +135,7 @@ def test_a_tree_sized_to_no_nodes_is_empty_in_both_modes():
     assert len(sampled_tree(lattice, 1, temperature=1.0)) == 1
 
 
-# Each verified token costs 0.3 of a one-token forward: trees are cut to their nodes that pay.
-STEEP_TREE_COST = CycleCost(0.0, tuple(1.0 + 0.3 * m for m in range(13)))
+STEEP_TREE_COST = steep_cost(13)
 
 
 @pytest.mark.parametrize("path", ["argmax", "greedy"])
