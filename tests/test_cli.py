@@ -189,10 +189,12 @@ def test_train_init_from_upgrades_a_dflash_v1_drafter_to_dflash2(target, data, t
 
 def test_train_takes_the_mask_token_and_mlp_width_it_is_given(target, data, tmp_path):
     run(train_argv(target, data[0], tmp_path / "run", "--factorised-selector", "--intermediate-size", "48",
-                   "--mask-token", "<filename>"))
+                   "--mask-token", "<filename>", "--heldout-fraction", "0.25", "--feature-cache-gb", "0"))
     config = DFlashDraftModel.from_pretrained(tmp_path / "run" / "drafter").config
     assert config.intermediate_size == 48 and config.selector_factorised
     assert config.mask_token_id == SMOLLM2_135M.load_tokenizer().convert_tokens_to_ids("<filename>")
+    settings = json.loads((tmp_path / "run" / "drafter" / "training.json").read_text())["config"]
+    assert settings["heldout_fraction"] == 0.25 and settings["feature_cache_gb"] == 0.0
 
 
 def test_train_refuses_a_mask_token_the_vocabulary_lacks_before_training(target, data, tmp_path):
@@ -215,7 +217,9 @@ def test_train_factorised_selector_then_export_it_in_the_published_layout(target
 def test_evaluate_writes_the_acceptance_of_every_path_and_temperature(target, trained, tmp_path):
     out = tmp_path / "acceptance.json"
     printed = run(["evaluate", str(trained / "drafter"), "--target", target, "--paths", "argmax", "greedy",
-                   "--temperatures", "0", "1", "--prompts", "1", "--max-new-tokens", "6", "--out", str(out)])
+                   "--temperatures", "0", "1", "--prompts", "1", "--max-new-tokens", "6", "--dtype", "bfloat16",
+                   "--out", str(out)])
+    assert json.loads(out.read_text())["dtype"] == "bfloat16"
     results = json.loads(out.read_text())["results"]
     assert {(r["benchmark"], r["path"], r["temperature"]) for r in results} == {
         (b, p, t) for b in ("humaneval", "mtbench") for p in ("argmax", "greedy") for t in (0.0, 1.0)}

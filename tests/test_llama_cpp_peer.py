@@ -11,7 +11,7 @@ import torch
 from dflash2_hf.cli import main
 from dflash2_hf.evaluation import benchmark_prompts
 from dflash2_hf.llama_cpp_peer import LlamaCppMethod
-from dflash2_hf.presets import SMOLLM2_135M, load_target
+from dflash2_hf.presets import SHIPPED_DRAFTERS, SMOLLM2_135M, load_target
 
 pytestmark = pytest.mark.slow
 
@@ -65,10 +65,10 @@ def bench_report(tmp_path, *argv: str) -> dict:
 
 def test_bench_runs_llama_cpp_next_to_trees_and_adaptive_blocks(tmp_path, monkeypatch):
     """docs/results.md's SmolLM2 runs with `--paths greedy --adaptive-block --tree-nodes 8 16 --llama-cpp`, on the
-    shipped drafter (one tree size)."""
+    shipped drafter named by `--drafter` (one tree size), as docs/training.md's Qwen2.5-Coder run names its own."""
     monkeypatch.setenv("DFLASH2_HF_CACHE", str(tmp_path / "cache"))
-    report = bench_report(tmp_path, "--target", "smollm2-135m", "--paths", "greedy", "--adaptive-block",
-                          "--tree-nodes", "8", "--llama-cpp")
+    report = bench_report(tmp_path, "--target", "smollm2-135m", "--drafter", str(SHIPPED_DRAFTERS["smollm2-135m"]),
+                          "--paths", "greedy", "--adaptive-block", "--tree-nodes", "8", "--llama-cpp")
     methods = {row["method"] for row in report["summary"]}
     assert {"dflash2 greedy", "dflash2 greedy adaptive", "dflash2 greedy tree8", "llama.cpp plain (GGUF)"} <= methods
     assert report["settings"]["llama_cpp"] == "0.3.36"
