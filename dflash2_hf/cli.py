@@ -101,6 +101,7 @@ def train(args: argparse.Namespace) -> None:
     if trainer.accelerator.is_main_process:  # the export folder exists on the main process only
         training_curves(history, export / "training_curves.png")
         print(f"drafter saved to {export}")
+    trainer.finish()
 
 
 def evaluate(args: argparse.Namespace) -> None:

@@ -480,6 +480,12 @@ class DrafterTrainer:
         progress.close()
         return self.history
 
+    def finish(self) -> None:
+        """Wait for every process, then close the process group: a process leaving with the group still open can
+        abort at exit (gloo's threads) while the others are still writing."""
+        self.accelerator.wait_for_everyone()
+        self.accelerator.end_training()
+
     def export(self, folder: str | Path, provenance: dict | None = None) -> None:
         """Save the trained drafter (bf16 safetensors) with its training record.
 

@@ -27,6 +27,7 @@ def main(out: Path) -> None:
         save_file(initial, out / "initial.safetensors")
         save_file({k: v.contiguous() for k, v in trainer.unwrapped.state_dict().items()}, out / "drafter.safetensors")
         print(f"processes={trainer.accelerator.num_processes}")
+    trainer.finish()
 
 
 if __name__ == "__main__":
