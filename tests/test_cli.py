@@ -219,8 +219,9 @@ def test_evaluate_writes_the_acceptance_of_every_path_and_temperature(target, tr
     printed = run(["evaluate", str(trained / "drafter"), "--target", target, "--paths", "argmax", "greedy",
                    "--temperatures", "0", "1", "--prompts", "1", "--max-new-tokens", "6", "--dtype", "bfloat16",
                    "--out", str(out)])
-    assert json.loads(out.read_text())["dtype"] == "bfloat16"
-    results = json.loads(out.read_text())["results"]
+    written = json.loads(out.read_text())
+    assert written["dtype"] == "bfloat16"
+    results = written["results"]
     assert {(r["benchmark"], r["path"], r["temperature"]) for r in results} == {
         (b, p, t) for b in ("humaneval", "mtbench") for p in ("argmax", "greedy") for t in (0.0, 1.0)}
     assert all(r["mean_acceptance_length"] >= 1.0 for r in results)
