@@ -424,18 +424,21 @@ class DrafterTrainer:
             return float("nan")
         generator = torch.Generator().manual_seed(12345)
         accepted = []
+        was_training = self.drafter.training
         self.drafter.eval()
-        for start in range(0, len(self.heldout), self.config.batch_size):
-            chunk = self.heldout[start: start + self.config.batch_size]
-            ids = [-1 - i for i in range(start, start + len(chunk))]
-            batch = sample_blocks(chunk, self.unwrapped.block_size, self.config.blocks_per_sequence,
-                                  self.config.max_length, generator, record_ids=ids)
-            _, logits, labels = self._forward(batch)
-            gold = labels[:, 1:]
-            full = (gold != IGNORE).all(-1)  # blocks that lie wholly inside their sequence
-            matches = (logits.argmax(-1) == gold).long().cumprod(-1).sum(-1)
-            accepted.append(1 + matches[full])
-        self.drafter.train()
+        try:
+            for start in range(0, len(self.heldout), self.config.batch_size):
+                chunk = self.heldout[start: start + self.config.batch_size]
+                ids = [-1 - i for i in range(start, start + len(chunk))]
+                batch = sample_blocks(chunk, self.unwrapped.block_size, self.config.blocks_per_sequence,
+                                      self.config.max_length, generator, record_ids=ids)
+                _, logits, labels = self._forward(batch)
+                gold = labels[:, 1:]
+                full = (gold != IGNORE).all(-1)  # blocks that lie wholly inside their sequence
+                matches = (logits.argmax(-1) == gold).long().cumprod(-1).sum(-1)
+                accepted.append(1 + matches[full])
+        finally:
+            self.drafter.train(was_training)
         accepted = torch.cat(accepted)
         return float(accepted.float().mean()) if accepted.numel() else float("nan")
 

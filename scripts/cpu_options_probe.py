@@ -100,8 +100,10 @@ def main() -> None:
             rate, outputs = timed(quantized(target, 8 if option == "quanto-int8" else 4))
         elif option == "threads-1":
             torch.set_num_threads(1)
-            rate, outputs = timed(target)
-            torch.set_num_threads(args.threads)
+            try:
+                rate, outputs = timed(target)
+            finally:
+                torch.set_num_threads(args.threads)
         elif option == "ours":
             rate, outputs = timed(target, assistant_model=drafter)
         elif option == "ours-quanto-int8":
@@ -110,8 +112,10 @@ def main() -> None:
             eager_forwards = target.forward, drafter.forward
             target.forward = torch.compile(target.forward, dynamic=True)
             drafter.forward = torch.compile(drafter.forward, dynamic=True)
-            rate, outputs = timed(target, warm_all=True, assistant_model=drafter)
-            target.forward, drafter.forward = eager_forwards
+            try:
+                rate, outputs = timed(target, warm_all=True, assistant_model=drafter)
+            finally:
+                target.forward, drafter.forward = eager_forwards
         if baseline is None:
             baseline = (rate, outputs)
         same = all(torch.equal(a, b) for a, b in zip(outputs, baseline[1]))

@@ -71,6 +71,19 @@ def new_drafter(kind: str = "dflash2", **overrides) -> DFlashDraftModel:
     return DFlashDraftModel.class_for_config(config)(config)
 
 
+@pytest.fixture(scope="module")
+def target() -> torch.nn.Module:
+    """A tiny random Qwen3 target that decodes with :func:`drafter`, built once per test module (a module defining
+    its own ``target`` fixture uses that one)."""
+    return tiny_target("qwen3", seed=1)
+
+
+@pytest.fixture(scope="module")
+def drafter() -> DFlashDraftModel:
+    """A tiny random drafter for :func:`target`, built once per test module."""
+    return tiny_drafter("dflash2", seed=4)
+
+
 def steep_cost(widths: int) -> CycleCost:
     """A cost model over forwards of 1..``widths`` tokens in which each verified token costs 0.3 of a one-token
     forward: cost-sized trees and paths come out of different sizes from cycle to cycle."""

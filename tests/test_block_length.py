@@ -4,22 +4,11 @@ import json
 
 import pytest
 import torch
-from conftest import tiny_drafter, tiny_target
 
 from dflash2_hf.block_length import CycleCost, cycle_cost_for, interpolate, measure_cycle_cost
 from dflash2_hf.lattice import Lattice, path_confidences
 
 PROMPT = torch.tensor([[5, 17, 33, 2, 71, 8]])
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_target("qwen3", seed=1)
-
-
-@pytest.fixture(scope="module")
-def drafter():
-    return tiny_drafter("dflash2", seed=4)
 
 
 def test_flat_verification_cost_verifies_the_whole_path():

@@ -221,6 +221,14 @@ def test_heldout_acceptance_goes_through_in_batches_with_the_same_result(target,
     assert run.heldout_acceptance() == whole
 
 
+@pytest.mark.parametrize("training", [True, False])
+def test_heldout_acceptance_leaves_the_drafter_in_the_mode_it_found(target, records, tmp_path, training):
+    run = trainer(target, records, tmp_path, steps=1, heldout_fraction=0.5)
+    run.drafter.train(training)
+    run.heldout_acceptance()
+    assert run.drafter.training is training
+
+
 def test_past_its_budget_the_feature_cache_stops_growing_and_training_is_unchanged(target, records, tmp_path):
     uncached = trainer(target, records, tmp_path / "uncached", steps=3, feature_cache_gb=0.0)
     cached = trainer(target, records, tmp_path / "cached", steps=3)

@@ -13,16 +13,6 @@ from dflash2_hf.verification import verify_tree_greedy
 PROMPT = torch.tensor([[5, 17, 33, 2, 71, 8]])
 
 
-@pytest.fixture(scope="module")
-def target():
-    return tiny_target("qwen3", seed=1)
-
-
-@pytest.fixture(scope="module")
-def drafter():
-    return tiny_drafter("dflash2", seed=4)
-
-
 def three_paths() -> DraftTree:
     tree = DraftTree()
     for path in ([10, 11, 12], [10, 13], [20, 21]):
