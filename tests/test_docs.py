@@ -308,6 +308,19 @@ DOCUMENTED_COMMANDS = {
     "dflash2-hf data --target qwen2.5-coder-0.5b --out runs/qwen0.5b-target-data --limit 3000 --batch-size 16 "
     "--max-new-tokens 256":
         "tests/test_cli.py::test_data_answers_the_chat_file_prompts_with_the_target",
+    # docs/training.md: stage 2 of that drafter, on the target's answers.
+    "dflash2-hf train --target qwen2.5-coder-0.5b --data runs/qwen0.5b-target-data --out runs/qwen0.5b-stage2 "
+    "--init-from runs/qwen0.5b-train700/drafter --steps 450 --batch-size 4 --blocks 24 --lr 1e-3 --warmup 50 "
+    "--checkpoint-every 100 --heldout-fraction 0.02":
+        "tests/test_cli.py::test_train_init_from_continues_the_whole_drafter_in_its_layout_on_new_data",
+    "dflash2-hf evaluate runs/qwen0.5b-stage2/drafter --target qwen2.5-coder-0.5b --paths argmax greedy viterbi "
+    "expected --temperatures 0 1 --prompts 4 --max-new-tokens 128 --dtype bfloat16 "
+    "--out runs/qwen0.5b-stage2/acceptance.json":
+        "tests/test_cli.py::test_evaluate_writes_the_acceptance_of_every_path_and_temperature",
+    "dflash2-hf bench --target qwen2.5-coder-0.5b --drafter runs/qwen0.5b-stage2/drafter --prompts humaneval "
+    "mtbench --per-source 4 --temperatures 0 --max-new-tokens 128 --dtype bfloat16 --threads 2 --paths greedy "
+    "--tree-nodes 8 --llama-cpp --out docs/results/qwen2.5-coder-0.5b-stage2":
+        "tests/test_llama_cpp_peer.py::test_bench_runs_llama_cpp_next_to_trees_and_adaptive_blocks",
     # docs/results.md: the CPU options probe, on 8 new tokens, one thread and the options that need no compilation.
     "python scripts/cpu_options_probe.py --dtype float32 --threads 2 --out docs/results/cpu-options-float32.json":
         "tests/test_scripts.py::test_cpu_options_probe_times_each_option_against_eager_and_checks_the_tokens",
