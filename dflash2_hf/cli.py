@@ -90,7 +90,7 @@ def train(args: argparse.Namespace) -> None:
                               blocks_per_sequence=args.blocks, learning_rate=args.lr, warmup_steps=args.warmup,
                               checkpoint_every=args.checkpoint_every, seed=args.seed,
                               heldout_fraction=args.heldout_fraction, train_drafter=not args.selector_only,
-                              feature_cache_gb=args.feature_cache_gb)
+                              selector_gold=args.selector_gold, feature_cache_gb=args.feature_cache_gb)
     trainer = DrafterTrainer(drafter, target, records, training)
     history = trainer.train()
     export = Path(args.export or out / "drafter")
@@ -293,6 +293,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     fit.add_argument("--new-selector", action="store_true",
                      help="with --init-from: replace the drafter's selector by a fresh one of --selector-rank "
                           "(--factorised-selector for a factorised one)")
+    fit.add_argument("--selector-gold", choices=("insert", "skip"), default="insert",
+                     help="where the right token is not among the drafter's top-K: put it into the candidates "
+                          "(insert, the published recipe) or leave the position out of the selector loss (skip: "
+                          "decoding only ever chooses among the top-K)")
     check = commands.add_parser("evaluate", help="mean acceptance length on held-out HumanEval and MT-Bench prompts")
     check.add_argument("drafter", help="drafter folder")
     check.add_argument("--target", default="smollm2-135m")

@@ -35,9 +35,15 @@ def training_curves(history: list[dict], path: str | Path) -> Path:
     accuracy.set_xlabel("block position")
     accuracy.set_ylabel("top-1 accuracy (training batches)")
     evaluated = [h for h in history if "heldout_acceptance" in h]
-    acceptance.plot([h["step"] for h in evaluated], [h["heldout_acceptance"] for h in evaluated], marker="o")
+    acceptance.plot([h["step"] for h in evaluated], [h["heldout_acceptance"] for h in evaluated], marker="o",
+                    label="argmax path")
+    walked = [h for h in evaluated if "heldout_selector_acceptance" in h]
+    if walked:
+        acceptance.plot([h["step"] for h in walked], [h["heldout_selector_acceptance"] for h in walked], marker="s",
+                        label="selector (greedy walk)")
     acceptance.set_xlabel("step")
-    acceptance.set_ylabel("held-out acceptance length (argmax path)")
+    acceptance.set_ylabel("held-out acceptance length (teacher-forced)")
+    acceptance.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)

@@ -8,7 +8,9 @@ its own block only (an explicit attention mask; DFlash 2's convolutions stay ins
 * drafter: cross-entropy of the target's next tokens at block positions ``k = 1 .. B-1``, weighted by
   ``exp(-(k - 1) / gamma)`` (early positions matter most: a miss there ends the accepted prefix);
 * selector (DFlash 2): a K-way cross-entropy over the top-K candidates at each position, scored against the true
-  predecessor (teacher forcing), with the gold token put into the candidate set when the drafter missed it.
+  predecessor (teacher forcing), with the gold token put into the candidate set when the drafter missed it (the
+  published recipe, ``selector_gold="insert"``) or those positions left out (``selector_gold="skip"``: decoding can
+  only ever pick among the drafter's own top-K, so a weak drafter's selector learns from the choices it will face).
 
 The loop uses ``accelerate`` (one process, or ``accelerate launch --num_processes N`` for DDP), AdamW with warmup +
 cosine decay, gradient clipping and bf16 autocast, and resumes bit-for-bit from its latest checkpoint.
@@ -28,6 +30,7 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .lattice import PathStrategy, build_lattice, score_lattice, select_path
 from .modeling import DFlashConfig, DFlashDraftModel, GroupedDynamicConv, spread_target_layer_ids
 
 IGNORE = -100
@@ -48,12 +51,17 @@ class TrainingConfig:
     max_grad_norm: float = 1.0
     loss_decay_gamma: float = 7.0
     selector_weight: float = 1.0
+    selector_gold: str = "insert"  # "insert": gold joins the candidates when missing; "skip": such positions don't count
     train_drafter: bool = True
     checkpoint_every: int = 50
     heldout_fraction: float = 0.0
     seed: int = 0
     bf16: bool = True
     feature_cache_gb: float = 8.0  # target features kept in memory; sequences past it are recomputed each time
+
+    def __post_init__(self) -> None:
+        if self.selector_gold not in ("insert", "skip"):
+            raise ValueError(f"selector_gold must be 'insert' or 'skip', got {self.selector_gold!r}.")
 
 
 def drafter_config_for(
@@ -264,27 +272,32 @@ def selector_positions(labels: torch.Tensor) -> torch.Tensor:
 
 def selector_loss(
     drafter: DFlashDraftModel, hidden: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor,
-    normaliser: float | None = None, embedding_table: torch.Tensor | None = None,
+    normaliser: float | None = None, embedding_table: torch.Tensor | None = None, insert_missing_gold: bool = True,
 ) -> torch.Tensor:
     """K-way cross-entropy of the gold token among the top-K candidates, given the gold predecessor.
 
     ``hidden`` / ``logits``: drafted positions ``[N, B-1, ...]``; ``labels``: ``[N, B]`` with the anchor at 0.
-    The sum is divided by ``normaliser`` (default: the number of scored positions). ``embedding_table``: the target's
-    input embedding matrix, which a factorised selector needs.
+    Where the gold token is not among the top-K, ``insert_missing_gold`` puts it in place of the last candidate;
+    otherwise that position adds nothing to the loss. The sum is divided by ``normaliser`` (default: the number of
+    positions with a gold token and a gold predecessor). ``embedding_table``: the target's input embedding matrix,
+    which a factorised selector needs.
     """
     selector = drafter.candidate_selector
     gold, predecessors = labels[:, 1:], labels[:, :-1]
-    valid = selector_positions(labels)
+    scored = valid = selector_positions(labels)
     candidate_logits, candidates = torch.topk(logits.detach().float(), selector.top_k, dim=-1)
     safe_gold = gold.clamp_min(0)
     missing = ~(candidates == safe_gold[..., None]).any(-1)
-    candidates[..., -1] = torch.where(missing, safe_gold, candidates[..., -1])
+    if insert_missing_gold:
+        candidates[..., -1] = torch.where(missing, safe_gold, candidates[..., -1])
+    else:
+        valid = valid & ~missing
     candidate_logits = logits.detach().float().gather(-1, candidates)
     scores = selector.pair_scores(hidden, predecessors.clamp_min(0)[..., None], candidates, candidate_logits,
                                   embedding_table)[..., 0, :]
     target_index = (candidates == safe_gold[..., None]).float().argmax(-1)
     losses = F.cross_entropy(scores.float().flatten(0, 1), target_index.flatten(), reduction="none")
-    return (losses * valid.flatten()).sum() / (normaliser or valid.sum().clamp_min(1))
+    return (losses * valid.flatten()).sum() / (normaliser or scored.sum().clamp_min(1))
 
 
 @dataclass
@@ -407,23 +420,26 @@ class DrafterTrainer:
                 scored = selector_positions(everything).sum() / processes
                 select = selector_loss(drafter, hidden if self.config.train_drafter else hidden.detach(), logits,
                                        labels, normaliser=scored.clamp_min(1),
-                                       embedding_table=self.target.get_input_embeddings().weight.detach())
+                                       embedding_table=self.target.get_input_embeddings().weight.detach(),
+                                       insert_missing_gold=self.config.selector_gold == "insert")
         loss = (drafter_loss if self.config.train_drafter else 0.0) + self.config.selector_weight * select
         correct = (logits.argmax(-1) == gold) & valid
         accuracy = (correct.sum(0) / valid.sum(0).clamp_min(1)).tolist()
         return loss, StepMetrics(float(loss.detach()), float(drafter_loss.detach()), float(select.detach()), accuracy)
 
     @torch.no_grad()
-    def heldout_acceptance(self) -> float:
-        """Mean acceptance length of the argmax path on held-out sequences: 1 + the drafted prefix that matches the
-        target's own continuation. The data are the target's greedy outputs, so this is what greedy decoding with
-        this drafter accepts (counting the target's extra token), measured teacher-forced. Sequences go through in
-        training-batch-sized chunks: all at once, the logits alone would take ``sequences x blocks x block x
-        vocabulary`` floats (tens of GB for a 150K vocabulary)."""
+    def heldout_acceptance(self) -> dict[str, float]:
+        """Mean acceptance length on held-out sequences: 1 + the drafted prefix that matches the target's own
+        continuation, for the ``argmax`` path and, with a candidate selector, DFlash 2's ``greedy`` walk over the
+        top-K lattice (the same lattice code decoding runs). The data are the target's greedy outputs, so this is
+        what greedy decoding with this drafter accepts (counting the target's extra token), measured teacher-forced:
+        while a path matches, its predecessors are the gold tokens. Sequences go through in training-batch-sized
+        chunks: all at once, the logits alone would take ``sequences x blocks x block x vocabulary`` floats (tens of
+        GB for a 150K vocabulary). Empty without held-out sequences."""
         if not self.heldout:
-            return float("nan")
+            return {}
         generator = torch.Generator().manual_seed(12345)
-        accepted = []
+        accepted: dict[str, list[torch.Tensor]] = {}
         was_training = self.drafter.training
         self.drafter.eval()
         try:
@@ -432,15 +448,24 @@ class DrafterTrainer:
                 ids = [-1 - i for i in range(start, start + len(chunk))]
                 batch = sample_blocks(chunk, self.unwrapped.block_size, self.config.blocks_per_sequence,
                                       self.config.max_length, generator, record_ids=ids)
-                _, logits, labels = self._forward(batch)
-                gold = labels[:, 1:]
-                full = (gold != IGNORE).all(-1)  # blocks that lie wholly inside their sequence
-                matches = (logits.argmax(-1) == gold).long().cumprod(-1).sum(-1)
-                accepted.append(1 + matches[full])
+                hidden, logits, labels = self._forward(batch)
+                full = (labels[:, 1:] != IGNORE).all(-1)  # blocks that lie wholly inside their sequence
+                for path, tokens in self._heldout_paths(hidden[full], logits[full], labels[full, 0]).items():
+                    matches = (tokens == labels[full, 1:]).long().cumprod(-1).sum(-1)
+                    accepted.setdefault(path, []).append(1 + matches)
         finally:
             self.drafter.train(was_training)
-        accepted = torch.cat(accepted)
-        return float(accepted.float().mean()) if accepted.numel() else float("nan")
+        return {path: float(torch.cat(values).float().mean()) for path, values in accepted.items()}  # nan: no block
+
+    def _heldout_paths(self, hidden: torch.Tensor, logits: torch.Tensor, anchors: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Drafted tokens ``[N, B-1]`` of the argmax path and, with a selector, of the greedy lattice walk."""
+        paths = {PathStrategy.ARGMAX.value: logits.argmax(-1)}
+        selector = self.unwrapped.candidate_selector
+        if selector is not None:
+            lattice = build_lattice(logits, anchors, selector.top_k)
+            score_lattice(lattice, selector, hidden.float(), self.target.get_input_embeddings().weight)
+            paths[PathStrategy.GREEDY.value] = lattice.tokens(select_path(lattice, PathStrategy.GREEDY))
+        return paths
 
     def resume(self) -> None:
         """Continue from the newest checkpoint in ``output_dir``, if there is one."""
@@ -475,7 +500,10 @@ class DrafterTrainer:
             self.history.append({"step": self.step, "seconds": time.perf_counter() - started,
                                  "lr": self.scheduler.get_last_lr()[0], **asdict(metrics)})
             if self.heldout and (self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps):
-                self.history[-1]["heldout_acceptance"] = self.heldout_acceptance()
+                acceptance = self.heldout_acceptance()
+                self.history[-1]["heldout_acceptance"] = acceptance.get(PathStrategy.ARGMAX.value, float("nan"))
+                if PathStrategy.GREEDY.value in acceptance:
+                    self.history[-1]["heldout_selector_acceptance"] = acceptance[PathStrategy.GREEDY.value]
             progress.update(1)
             progress.set_postfix(loss=f"{metrics.loss:.3f}", acc1=f"{metrics.accuracy_by_position[0]:.2f}")
             if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps:

@@ -167,14 +167,14 @@ def test_train_init_from_with_selector_only_changes_only_the_selector(target, da
 def test_train_init_from_continues_the_whole_drafter_in_its_layout_on_new_data(target, data, trained, tmp_path):
     source = trained / "drafter"
     run(train_argv(target, data[0], tmp_path / "run", "--init-from", str(source), "--layers", "2",
-                   "--heldout-fraction", "0.25"))
+                   "--heldout-fraction", "0.25", "--selector-gold", "skip"))
     before, after = load_file(source / "model.safetensors"), load_file(tmp_path / "run" / "drafter" / "model.safetensors")
     assert before.keys() == after.keys() and all(before[name].shape == after[name].shape for name in before)
     projections = {name for name in before if name.startswith("layers.") and name.endswith("_proj.weight")}
     assert projections and all(not torch.equal(before[name], after[name]) for name in projections), "its layers train"
     record = json.loads((tmp_path / "run" / "drafter" / "training.json").read_text())
     assert record["started_from"] == json.loads((source / "training.json").read_text())
-    assert record["config"]["heldout_fraction"] == 0.25
+    assert record["config"]["heldout_fraction"] == 0.25 and record["config"]["selector_gold"] == "skip"
 
 
 def test_train_new_selector_swaps_in_a_factorised_selector_on_the_same_drafter(target, data, trained, tmp_path):

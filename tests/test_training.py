@@ -52,9 +52,10 @@ def test_a_few_steps_reduce_drafter_and_selector_losses(target, records, tmp_pat
     assert sum(h["selector_loss"] for h in history[-5:]) < sum(h["selector_loss"] for h in history[:5])
 
 
-def test_a_few_selector_steps_reduce_the_factorised_selector_loss(target, records, tmp_path):
-    run = trainer(target, records, tmp_path, steps=40, drafter=new_drafter(selector_factorised=True),
-                  train_drafter=False, learning_rate=1e-2)  # the drafter frozen: only the selector can lower the loss
+@pytest.mark.parametrize(("factorised", "selector_gold"), [(True, "insert"), (False, "skip")])
+def test_a_few_selector_steps_reduce_the_selector_loss(target, records, tmp_path, factorised, selector_gold):
+    run = trainer(target, records, tmp_path, steps=40, drafter=new_drafter(selector_factorised=factorised),
+                  train_drafter=False, learning_rate=1e-2, selector_gold=selector_gold)  # only the selector learns
 
     def selector_loss_on_fixed_batches() -> float:
         with torch.no_grad():
@@ -99,6 +100,24 @@ def test_selector_loss_on_a_hand_built_case():
     first = -torch.log_softmax(torch.tensor([4.0, 3.0, 2.0, 1.0]), 0)[1]
     second = -torch.log_softmax(torch.tensor([4.0, 3.0, 2.0, -10.0]), 0)[3]  # gold replaces the 4th candidate
     assert loss.item() == pytest.approx(((first + second) / 2).item(), rel=1e-5)
+
+
+def test_selector_loss_can_skip_positions_whose_gold_token_is_not_a_candidate():
+    drafter = new_drafter()
+    with torch.no_grad():
+        drafter.candidate_selector.hidden_projection.weight.zero_()
+    logits = torch.full((1, 2, 96), -10.0)
+    logits[0, 0, [5, 6, 7, 8]] = torch.tensor([4.0, 3.0, 2.0, 1.0])
+    logits[0, 1, [1, 2, 3, 4]] = torch.tensor([4.0, 3.0, 2.0, 1.0])
+    labels = torch.tensor([[9, 6, 50]])  # gold 50 is not in the top 4: that position adds nothing
+    loss = selector_loss(drafter, torch.zeros(1, 2, 64), logits, labels, insert_missing_gold=False)
+    first = -torch.log_softmax(torch.tensor([4.0, 3.0, 2.0, 1.0]), 0)[1]
+    assert loss.item() == pytest.approx((first / 2).item(), rel=1e-5)  # still averaged over both scored positions
+
+
+def test_an_unknown_selector_gold_setting_is_refused():
+    with pytest.raises(ValueError, match="selector_gold"):
+        TrainingConfig(output_dir="unused", selector_gold="drop")
 
 
 def test_selector_loss_ignores_positions_without_a_gold_token():
@@ -209,8 +228,8 @@ def test_heldout_acceptance_is_recorded_and_plotted(target, records, tmp_path):
     run = trainer(target, records, tmp_path, steps=5, heldout_fraction=0.25)
     history = run.train()
     assert len(run.heldout) == 3
-    value = history[-1]["heldout_acceptance"]
-    assert 1.0 <= value <= run.unwrapped.block_size
+    for key in ("heldout_acceptance", "heldout_selector_acceptance"):
+        assert 1.0 <= history[-1][key] <= run.unwrapped.block_size
     assert training_curves(history, tmp_path / "curves.png").stat().st_size > 1000
 
 
@@ -219,6 +238,34 @@ def test_heldout_acceptance_goes_through_in_batches_with_the_same_result(target,
     whole = run.heldout_acceptance()
     run.config.batch_size = 1  # one held-out sequence per forward: the same blocks, the same figure
     assert run.heldout_acceptance() == whole
+
+
+@pytest.fixture(scope="module")
+def memorising_run(target, records, tmp_path_factory):
+    """A run whose 4 held-out sequences are also in its training data, trained until it gets some blocks right."""
+    run = trainer(target, records + records[:4], tmp_path_factory.mktemp("memorising"), steps=40, heldout_fraction=0.25)
+    run.train()
+    assert run.heldout_acceptance()["argmax"] > 1.0
+    return run
+
+
+def test_heldout_selector_walk_is_the_argmax_path_when_the_selector_adds_nothing(memorising_run):
+    with torch.no_grad():
+        memorising_run.unwrapped.candidate_selector.hidden_projection.weight.zero_()  # scores = the drafter's logits
+    acceptance = memorising_run.heldout_acceptance()
+    assert acceptance["greedy"] == acceptance["argmax"]
+
+
+def test_heldout_selector_walk_differs_from_argmax_when_the_pair_term_reranks(memorising_run):
+    with torch.no_grad():  # pair terms that swamp the logits
+        memorising_run.unwrapped.candidate_selector.hidden_projection.weight.normal_(std=50.0)
+    acceptance = memorising_run.heldout_acceptance()
+    assert acceptance["greedy"] != acceptance["argmax"]
+
+
+def test_heldout_acceptance_of_a_dflash_v1_drafter_has_the_argmax_path_only(target, records, tmp_path):
+    run = trainer(target, records, tmp_path, steps=1, heldout_fraction=0.5, drafter=new_drafter("dflash"))
+    assert set(run.heldout_acceptance()) == {"argmax"}
 
 
 @pytest.mark.parametrize("training", [True, False])
