@@ -124,6 +124,35 @@ def evaluate(args: argparse.Namespace) -> None:
         Path(args.out).write_text(json.dumps(record, indent=2))
 
 
+def heldout(args: argparse.Namespace) -> None:
+    """Teacher-forced acceptance on the held-out records of a `dflash2-hf data` folder, for the argmax path and the
+    selector's greedy walk: the figures `train --heldout-fraction` records while it trains, for any drafter (the same
+    split, blocks and seed), e.g. to see what a selector lifts on your own data."""
+    from pathlib import Path
+
+    from .data import read_responses
+    from .presets import load_target
+    from .training import DrafterTrainer, TrainingConfig
+
+    records = read_responses(args.data)
+    if not 0 < args.heldout_fraction < 1 or int(len(records) * args.heldout_fraction) == 0:
+        raise SystemExit(f"--heldout-fraction {args.heldout_fraction} of {len(records)} records in {args.data} holds "
+                         "out no record; pass the fraction the drafter was trained with (between 0 and 1).")
+    target, _ = load_target(args.target, dtype=torch.bfloat16)
+    drafter = DFlashDraftModel.from_pretrained(args.drafter).float()
+    settings = TrainingConfig(output_dir=args.drafter, steps=0, batch_size=args.batch_size,
+                              blocks_per_sequence=args.blocks, heldout_fraction=args.heldout_fraction)
+    trainer = DrafterTrainer(drafter, target, records, settings)
+    acceptance = trainer.heldout_acceptance()
+    for path, value in acceptance.items():
+        lift = value / acceptance["argmax"] - 1
+        print(f"{path}: {value:.3f}" + (f" ({lift:+.1%} over argmax)" if path != "argmax" else ""))
+    if args.out:
+        Path(args.out).write_text(json.dumps({"command": args.command_line, "target": args.target,
+                                              "drafter": args.drafter, "heldout_records": len(trainer.heldout),
+                                              "acceptance": acceptance}, indent=2))
+
+
 def generate(args: argparse.Namespace) -> None:
     """Answer a prompt with the drafter (streamed), then plain decoding, and report the speedup of this run."""
     import time
@@ -306,6 +335,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.add_argument("--max-new-tokens", type=int, default=128)
     check.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     check.add_argument("--out", help="write every figure and the command to this JSON file")
+    held = commands.add_parser("heldout", help="teacher-forced acceptance on a data folder's held-out records")
+    held.add_argument("drafter", help="drafter folder")
+    held.add_argument("--target", default="smollm2-135m")
+    held.add_argument("--data", required=True, help="folder written by `dflash2-hf data`")
+    held.add_argument("--heldout-fraction", type=float, default=0.05, help="the share train held out (its last records)")
+    held.add_argument("--blocks", type=int, default=24, help="blocks sampled per sequence")
+    held.add_argument("--batch-size", type=int, default=4)
+    held.add_argument("--out", help="write the figures and the command to this JSON file")
     run = commands.add_parser("generate", help="answer a prompt with the default drafter, report speed vs plain decoding")
     run.add_argument("prompt", nargs="?", help="the question (default: read stdin)")
     run.add_argument("--target", default="smollm2-135m", help="a preset name or a local checkpoint folder")
@@ -375,6 +412,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         train(args)
     elif args.command == "evaluate":
         evaluate(args)
+    elif args.command == "heldout":
+        heldout(args)
     elif args.command == "generate":
         generate(args)
     elif args.command == "bench":

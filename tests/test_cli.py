@@ -177,10 +177,26 @@ def test_train_init_from_continues_the_whole_drafter_in_its_layout_on_new_data(t
     assert record["config"]["heldout_fraction"] == 0.25 and record["config"]["selector_gold"] == "skip"
 
 
+def test_heldout_gives_the_teacher_forced_acceptance_of_argmax_and_the_selector_walk(target, data, trained, tmp_path):
+    out = tmp_path / "heldout.json"
+    printed = run(["heldout", str(trained / "drafter"), "--target", target, "--data", str(data[0]),
+                   "--heldout-fraction", "0.34", "--blocks", "2", "--batch-size", "2", "--out", str(out)])
+    record = json.loads(out.read_text())
+    assert record["heldout_records"] == 1 and set(record["acceptance"]) == {"argmax", "greedy"}
+    assert all(1.0 <= value <= 4 for value in record["acceptance"].values())  # block size 4
+    assert "over argmax" in printed and record["command"].startswith("dflash2-hf heldout")
+
+
+def test_heldout_refuses_a_fraction_that_holds_out_nothing(target, data, trained):
+    with pytest.raises(SystemExit, match="holds out no record"):
+        main(["heldout", str(trained / "drafter"), "--target", target, "--data", str(data[0]),
+              "--heldout-fraction", "0.05"])
+
+
 def test_train_new_selector_swaps_in_a_factorised_selector_on_the_same_drafter(target, data, trained, tmp_path):
     source = trained / "drafter"
     run(train_argv(target, data[0], tmp_path / "run", "--init-from", str(source), "--selector-only", "--new-selector",
-                   "--factorised-selector", "--selector-rank", "4"))
+                   "--factorised-selector", "--selector-rank", "4", "--selector-gold", "skip", "--heldout-fraction", "0.34"))
     before, after = load_file(source / "model.safetensors"), load_file(tmp_path / "run" / "drafter" / "model.safetensors")
     drafter_part = {name for name in before if not name.startswith("candidate_selector.")}
     assert all(torch.equal(before[name], after[name]) for name in drafter_part), "the drafter itself is kept frozen"

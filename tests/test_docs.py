@@ -321,6 +321,20 @@ DOCUMENTED_COMMANDS = {
     "mtbench --per-source 4 --temperatures 0 --max-new-tokens 128 --dtype bfloat16 --threads 2 --paths greedy "
     "--tree-nodes 8 --llama-cpp --out docs/results/qwen2.5-coder-0.5b-stage2":
         "tests/test_llama_cpp_peer.py::test_bench_runs_llama_cpp_next_to_trees_and_adaptive_blocks",
+    # docs/training.md: the selector's missing-gold handling on the shipped drafter (the tiny target's 3-step drafter gets
+    # a fresh selector in 3 selector-only steps), its evaluation, and the teacher-forced held-out figures of a drafter.
+    "dflash2-hf train --data runs/smollm2-data --out runs/selector-gold-skip --init-from "
+    "dflash2_hf/drafters/smollm2-135m --selector-only --new-selector --selector-gold skip --steps 250 --batch-size 4 "
+    "--blocks 24 --lr 1e-3 --warmup 40 --checkpoint-every 125 --heldout-fraction 0.05":
+        "tests/test_cli.py::test_train_new_selector_swaps_in_a_factorised_selector_on_the_same_drafter",
+    "dflash2-hf evaluate runs/selector-gold-skip/drafter --paths argmax greedy --temperatures 0 --prompts 4 "
+    "--max-new-tokens 128 --out runs/selector-gold-skip/acceptance.json":
+        "tests/test_cli.py::test_evaluate_writes_the_acceptance_of_every_path_and_temperature",
+    "dflash2-hf heldout":
+        "tests/test_cli.py::test_heldout_gives_the_teacher_forced_acceptance_of_argmax_and_the_selector_walk",
+    "dflash2-hf heldout runs/selector-gold-skip/drafter --data runs/smollm2-data --heldout-fraction 0.05 "
+    "--out runs/selector-gold-skip/heldout.json":
+        "tests/test_cli.py::test_heldout_gives_the_teacher_forced_acceptance_of_argmax_and_the_selector_walk",
     # docs/results.md: the CPU options probe, on 8 new tokens, one thread and the options that need no compilation.
     "python scripts/cpu_options_probe.py --dtype float32 --threads 2 --out docs/results/cpu-options-float32.json":
         "tests/test_scripts.py::test_cpu_options_probe_times_each_option_against_eager_and_checks_the_tokens",
