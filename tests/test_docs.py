@@ -321,6 +321,22 @@ DOCUMENTED_COMMANDS = {
     "mtbench --per-source 4 --temperatures 0 --max-new-tokens 128 --dtype bfloat16 --threads 2 --paths greedy "
     "--tree-nodes 8 --llama-cpp --out docs/results/qwen2.5-coder-0.5b-stage2":
         "tests/test_llama_cpp_peer.py::test_bench_runs_llama_cpp_next_to_trees_and_adaptive_blocks",
+    # docs/training.md: stage 3 of that drafter, and its teacher-forced held-out figures.
+    "dflash2-hf train --target qwen2.5-coder-0.5b --data runs/qwen0.5b-target-data --out runs/qwen0.5b-stage3 "
+    "--init-from runs/qwen0.5b-stage2/drafter --steps 600 --batch-size 4 --blocks 24 --lr 1e-3 --warmup 50 "
+    "--checkpoint-every 100 --heldout-fraction 0.02":
+        "tests/test_cli.py::test_train_init_from_continues_the_whole_drafter_in_its_layout_on_new_data",
+    "dflash2-hf evaluate runs/qwen0.5b-stage3/drafter --target qwen2.5-coder-0.5b --paths argmax greedy viterbi "
+    "expected --temperatures 0 1 --prompts 4 --max-new-tokens 128 --dtype bfloat16 "
+    "--out runs/qwen0.5b-stage3/acceptance.json":
+        "tests/test_cli.py::test_evaluate_writes_the_acceptance_of_every_path_and_temperature",
+    "dflash2-hf bench --target qwen2.5-coder-0.5b --drafter runs/qwen0.5b-stage3/drafter --prompts humaneval "
+    "mtbench --per-source 4 --temperatures 0 --max-new-tokens 128 --dtype bfloat16 --threads 2 --paths greedy "
+    "--tree-nodes 8 --llama-cpp --out docs/results/qwen2.5-coder-0.5b-stage3":
+        "tests/test_llama_cpp_peer.py::test_bench_runs_llama_cpp_next_to_trees_and_adaptive_blocks",
+    "dflash2-hf heldout runs/qwen0.5b-stage3/drafter --target qwen2.5-coder-0.5b --data runs/qwen0.5b-target-data "
+    "--heldout-fraction 0.02 --out runs/qwen0.5b-stage3/heldout.json":
+        "tests/test_cli.py::test_heldout_gives_the_teacher_forced_acceptance_of_argmax_and_the_selector_walk",
     # docs/training.md: the selector's missing-gold handling on the shipped drafter (the tiny target's 3-step drafter gets
     # a fresh selector in 3 selector-only steps), its evaluation, and the teacher-forced held-out figures of a drafter.
     "dflash2-hf train --data runs/smollm2-data --out runs/selector-gold-skip --init-from "
