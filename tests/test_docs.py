@@ -337,6 +337,14 @@ DOCUMENTED_COMMANDS = {
     "dflash2-hf heldout runs/qwen0.5b-stage3/drafter --target qwen2.5-coder-0.5b --data runs/qwen0.5b-target-data "
     "--heldout-fraction 0.02 --out runs/qwen0.5b-stage3/heldout.json":
         "tests/test_cli.py::test_heldout_gives_the_teacher_forced_acceptance_of_argmax_and_the_selector_walk",
+    "dflash2-hf train --target qwen2.5-coder-0.5b --data runs/qwen0.5b-target-data --out "
+    "runs/qwen0.5b-selector-skip --init-from runs/qwen0.5b-stage3/drafter --selector-only --new-selector "
+    "--factorised-selector --selector-rank 64 --selector-gold skip --steps 200 --batch-size 4 --blocks 24 --lr 1e-3 "
+    "--warmup 40 --checkpoint-every 100 --heldout-fraction 0.02":
+        "tests/test_cli.py::test_train_new_selector_swaps_in_a_factorised_selector_on_the_same_drafter",
+    "dflash2-hf evaluate runs/qwen0.5b-selector/drafter --target qwen2.5-coder-0.5b --paths argmax greedy "
+    "--temperatures 0 --prompts 4 --max-new-tokens 128 --dtype bfloat16":
+        "tests/test_cli.py::test_evaluate_writes_the_acceptance_of_every_path_and_temperature",
     # docs/training.md: the selector's missing-gold handling on the shipped drafter (the tiny target's 3-step drafter gets
     # a fresh selector in 3 selector-only steps), its evaluation, and the teacher-forced held-out figures of a drafter.
     "dflash2-hf train --data runs/smollm2-data --out runs/selector-gold-skip --init-from "
