@@ -86,31 +86,27 @@ def test_frozen_drafter_trains_only_the_selector(target, records, tmp_path):
     assert changed and all(k.startswith("candidate_selector.") for k in changed)
 
 
-def test_selector_loss_on_a_hand_built_case():
-    drafter = new_drafter()
-    selector = drafter.candidate_selector
-    with torch.no_grad():
-        selector.hidden_projection.weight.zero_()  # no pair term: scores are the drafter's logits
-    logits = torch.full((1, 2, 96), -10.0)
-    logits[0, 0, [5, 6, 7, 8]] = torch.tensor([4.0, 3.0, 2.0, 1.0])
-    logits[0, 1, [1, 2, 3, 4]] = torch.tensor([4.0, 3.0, 2.0, 1.0])
-    labels = torch.tensor([[9, 6, 50]])  # anchor 9; gold 6 is candidate #2; gold 50 is not in the top 4
-    hidden = torch.zeros(1, 2, 64)
-    loss = selector_loss(drafter, hidden, logits, labels)
-    first = -torch.log_softmax(torch.tensor([4.0, 3.0, 2.0, 1.0]), 0)[1]
-    second = -torch.log_softmax(torch.tensor([4.0, 3.0, 2.0, -10.0]), 0)[3]  # gold replaces the 4th candidate
-    assert loss.item() == pytest.approx(((first + second) / 2).item(), rel=1e-5)
-
-
-def test_selector_loss_can_skip_positions_whose_gold_token_is_not_a_candidate():
+def hand_built_case():
+    """A drafter whose selector adds no pair term (scores are its logits), two positions' logits with top-4
+    candidates scored 4, 3, 2, 1, and labels: anchor 9; gold 6 is candidate #2; gold 50 is not in the top 4."""
     drafter = new_drafter()
     with torch.no_grad():
         drafter.candidate_selector.hidden_projection.weight.zero_()
     logits = torch.full((1, 2, 96), -10.0)
     logits[0, 0, [5, 6, 7, 8]] = torch.tensor([4.0, 3.0, 2.0, 1.0])
     logits[0, 1, [1, 2, 3, 4]] = torch.tensor([4.0, 3.0, 2.0, 1.0])
-    labels = torch.tensor([[9, 6, 50]])  # gold 50 is not in the top 4: that position adds nothing
-    loss = selector_loss(drafter, torch.zeros(1, 2, 64), logits, labels, insert_missing_gold=False)
+    return drafter, torch.zeros(1, 2, 64), logits, torch.tensor([[9, 6, 50]])
+
+
+def test_selector_loss_on_a_hand_built_case():
+    loss = selector_loss(*hand_built_case())
+    first = -torch.log_softmax(torch.tensor([4.0, 3.0, 2.0, 1.0]), 0)[1]
+    second = -torch.log_softmax(torch.tensor([4.0, 3.0, 2.0, -10.0]), 0)[3]  # gold replaces the 4th candidate
+    assert loss.item() == pytest.approx(((first + second) / 2).item(), rel=1e-5)
+
+
+def test_selector_loss_can_skip_positions_whose_gold_token_is_not_a_candidate():
+    loss = selector_loss(*hand_built_case(), insert_missing_gold=False)  # gold 50 is not in the top 4: adds nothing
     first = -torch.log_softmax(torch.tensor([4.0, 3.0, 2.0, 1.0]), 0)[1]
     assert loss.item() == pytest.approx((first / 2).item(), rel=1e-5)  # still averaged over both scored positions
 
