@@ -239,7 +239,8 @@ def test_heldout_acceptance_goes_through_in_batches_with_the_same_result(target,
 @pytest.fixture(scope="module")
 def memorising_run(target, records, tmp_path_factory):
     """A run whose 4 held-out sequences are also in its training data, trained until it gets some blocks right."""
-    run = trainer(target, records + records[:4], tmp_path_factory.mktemp("memorising"), steps=40, heldout_fraction=0.25)
+    run = trainer(target, records + records[:4], tmp_path_factory.mktemp("memorising"), steps=100,
+                  heldout_fraction=0.25)
     run.train()
     assert run.heldout_acceptance()["argmax"] > 1.0
     return run
