@@ -19,18 +19,30 @@ from .reference_peer import DEFAULT_VENV
 PATHS = [strategy.value for strategy in PathStrategy]
 
 
+def read_data(folders: list[str], command: str) -> list[list[dict]]:
+    """The records of each `dflash2-hf data` folder; a folder without any stops the command before it loads a model."""
+    from .data import read_responses
+
+    try:
+        return [read_responses(folder) for folder in folders]
+    except FileNotFoundError as error:
+        raise SystemExit(f"dflash2-hf {command}: {error}") from None
+
+
 def make_data(args: argparse.Namespace) -> None:
     """Answer training prompts with the target, or take the chat files' own replies (resumable)."""
     from . import data
     from .presets import load_target
 
+    answered = [record["prompt"] for folder in read_data(args.exclude_data or [], "data") for record in folder]
     target, tokenizer = load_target(args.target, dtype=torch.bfloat16)
     evaluation = data.evaluation_prompts()
     sources = args.chat_file or [data.sharegpt_path()]
     conversations = (c for source in sources for c in data.iter_conversations(source))
     replies = {} if args.existing_responses else None
     prompts = data.training_prompts(conversations, args.limit * 4, max_chars=args.max_prompt_chars,
-                                    exclude=evaluation["humaneval"] + evaluation["mtbench"], replies=replies)
+                                    exclude=evaluation["humaneval"] + evaluation["mtbench"], replies=replies,
+                                    answered=answered)
     prompts = data.mixed_prompts(prompts)[: args.limit]
     if replies is None:
         settings = data.ResponseGenerator.settings_for(args.target, prompts, args.max_new_tokens, args.temperature)
@@ -56,13 +68,15 @@ def train(args: argparse.Namespace) -> None:
     """Train a drafter on cached responses (resumes from ``--out``), then export it."""
     from pathlib import Path
 
-    from .data import describe_data, read_responses
+    from .data import describe_data
     from .export import read_training_record
     from .plots import training_curves
     from .presets import load_target, target_name
     from .training import (DrafterTrainer, TrainingConfig, drafter_config_for, drafter_to_continue,
                            initialize_from_target)
 
+    folders = read_data(args.data, "train")
+    records = [record for folder in folders for record in folder]
     target, tokenizer = load_target(args.target, dtype=torch.bfloat16)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -85,7 +99,6 @@ def train(args: argparse.Namespace) -> None:
         drafter = DFlashDraftModel.class_for_config(config)(config)
         initialize_from_target(drafter, target)
     # When resuming, the newest checkpoint in --out replaces these starting weights.
-    records = read_responses(args.data)
     training = TrainingConfig(output_dir=str(out), steps=args.steps, batch_size=args.batch_size,
                               blocks_per_sequence=args.blocks, learning_rate=args.lr, warmup_steps=args.warmup,
                               checkpoint_every=args.checkpoint_every, seed=args.seed,
@@ -94,7 +107,8 @@ def train(args: argparse.Namespace) -> None:
     trainer = DrafterTrainer(drafter, target, records, training)
     history = trainer.train()
     export = Path(args.export or out / "drafter")
-    provenance = {"target": target_name(args.target), "data": describe_data(args.data, len(records))}
+    data = " + ".join(describe_data(name, len(folder)) for name, folder in zip(args.data, folders))
+    provenance = {"target": target_name(args.target), "data": data}
     if args.init_from:  # keep the record of the run this one continues
         provenance["started_from"] = read_training_record(Path(args.init_from)) or {"drafter": args.init_from}
     trainer.export(export, provenance=provenance)
@@ -130,13 +144,12 @@ def heldout(args: argparse.Namespace) -> None:
     split, blocks and seed), e.g. to see what a selector lifts on your own data."""
     from pathlib import Path
 
-    from .data import read_responses
     from .presets import load_target
     from .training import DrafterTrainer, TrainingConfig
 
-    records = read_responses(args.data)
+    records = [record for folder in read_data(args.data, "heldout") for record in folder]
     if not 0 < args.heldout_fraction < 1 or int(len(records) * args.heldout_fraction) == 0:
-        raise SystemExit(f"--heldout-fraction {args.heldout_fraction} of {len(records)} records in {args.data} holds "
+        raise SystemExit(f"--heldout-fraction {args.heldout_fraction} of {len(records)} records in {' '.join(args.data)} holds "
                          "out no record; pass the fraction the drafter was trained with (between 0 and 1).")
     target, _ = load_target(args.target, dtype=torch.bfloat16)
     drafter = DFlashDraftModel.from_pretrained(args.drafter).float()
@@ -287,11 +300,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     make.add_argument("--max-new-tokens", type=int, default=256)
     make.add_argument("--temperature", type=float, default=0.0, help="0 answers greedily")
     make.add_argument("--batch-size", type=int, default=16)
+    make.add_argument("--exclude-data", nargs="+", metavar="FOLDER",
+                      help="leave out prompts already answered in these data folders (grow a data set in a new folder)")
     make.add_argument("--existing-responses", action="store_true",
                       help="train on the chat files' own replies instead of the target's answers (no generation)")
     fit = commands.add_parser("train", help="train a DFlash 2 drafter on responses made by `dflash2-hf data`")
     fit.add_argument("--target", default="smollm2-135m")
-    fit.add_argument("--data", required=True, help="folder written by `dflash2-hf data`")
+    fit.add_argument("--data", required=True, nargs="+",
+                     help="folder(s) written by `dflash2-hf data`, read in order (held-out records: the last ones)")
     fit.add_argument("--out", required=True, help="run folder: checkpoints (resumed from), config, curves")
     fit.add_argument("--export", help="where to save the trained drafter (default: OUT/drafter)")
     fit.add_argument("--steps", type=int, default=1000)
@@ -338,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     held = commands.add_parser("heldout", help="teacher-forced acceptance on a data folder's held-out records")
     held.add_argument("drafter", help="drafter folder")
     held.add_argument("--target", default="smollm2-135m")
-    held.add_argument("--data", required=True, help="folder written by `dflash2-hf data`")
+    held.add_argument("--data", required=True, nargs="+", help="folder(s) written by `dflash2-hf data`, as given to train")
     held.add_argument("--heldout-fraction", type=float, default=0.05, help="the share train held out (its last records)")
     held.add_argument("--blocks", type=int, default=24, help="blocks sampled per sequence")
     held.add_argument("--batch-size", type=int, default=4)

@@ -104,16 +104,17 @@ def _fingerprint(text: str) -> str:
 
 def training_prompts(
     conversations: Iterable[list[dict[str, str]]], limit: int, max_chars: int = 2000, exclude: Iterable[str] = (),
-    replies: dict[str, str] | None = None,
+    replies: dict[str, str] | None = None, answered: Iterable[str] = (),
 ) -> list[str]:
     """First user turns, de-duplicated, at most ``max_chars`` long, none equal to or containing an excluded prompt.
 
     With a ``replies`` dict, only conversations whose first user turn is answered are kept, and the answer (the next
-    assistant turn) is stored under the prompt.
+    assistant turn) is stored under the prompt. Prompts in ``answered`` (e.g. those of an earlier data folder) are
+    left out like duplicates, so a second folder grows a data set with new prompts only.
     """
     excluded = [_fingerprint(text) for text in exclude]
     excluded_set = set(excluded)
-    prompts, seen = [], set()
+    prompts, seen = [], {_fingerprint(text) for text in answered}
     for messages in conversations:
         index = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
         first = messages[index]["content"] if index is not None else None
@@ -273,11 +274,16 @@ def _until_end(token_ids: list[int], end_ids: set[int]) -> list[int]:
     return token_ids
 
 
-def read_responses(folder: str | os.PathLike) -> list[dict]:
-    """Every cached record, in prompt order."""
+def read_responses(*folders: str | os.PathLike) -> list[dict]:
+    """Every cached record of each folder, folder after folder, in prompt order; a folder without records is refused
+    (a mistyped path would otherwise train on less data than asked, silently)."""
     records = []
-    for shard in sorted(Path(folder).glob("shard-*.jsonl")):
-        records += [json.loads(line) for line in shard.read_text().splitlines() if line.strip()]
+    for folder in folders:
+        shards = sorted(Path(folder).glob("shard-*.jsonl"))
+        if not shards:
+            raise FileNotFoundError(f"{folder} holds no response shards (shard-*.jsonl); make them with `dflash2-hf data`.")
+        for shard in shards:
+            records += [json.loads(line) for line in shard.read_text().splitlines() if line.strip()]
     return records
 
 

@@ -69,9 +69,10 @@ def data(target, tmp_path_factory) -> tuple[Path, str]:
     return out, printed
 
 
-def train_argv(target: str, data: Path, out: Path, *extra: str) -> list[str]:
+def train_argv(target: str, data: Path | list[Path], out: Path, *extra: str) -> list[str]:
     """`dflash2-hf train` with the flags of docs/training.md, scaled down to 3 steps of a 1-layer drafter."""
-    return ["train", "--target", target, "--data", str(data), "--out", str(out), "--steps", "3", "--layers", "1",
+    folders = data if isinstance(data, list) else [data]
+    return ["train", "--target", target, "--data", *map(str, folders), "--out", str(out), "--steps", "3", "--layers", "1",
             "--taps", "3", "--selector-rank", "8", "--block-size", "4", "--batch-size", "2", "--blocks", "2",
             "--lr", "1e-3", "--warmup", "1", "--checkpoint-every", "2", *extra]
 
@@ -175,6 +176,19 @@ def test_train_init_from_continues_the_whole_drafter_in_its_layout_on_new_data(t
     record = json.loads((tmp_path / "run" / "drafter" / "training.json").read_text())
     assert record["started_from"] == json.loads((source / "training.json").read_text())
     assert record["config"]["heldout_fraction"] == 0.25 and record["config"]["selector_gold"] == "skip"
+
+
+def test_train_reads_several_data_folders_in_order_and_records_each(target, data, tmp_path):
+    folder, _ = data
+    run(train_argv(target, [folder, folder], tmp_path / "run", "--heldout-fraction", "0.34"))
+    record = json.loads((tmp_path / "run" / "drafter" / "training.json").read_text())
+    first, second = record["data"].split(" + ")
+    assert first == second and first.startswith("3 responses written by the target itself")
+
+
+def test_train_refuses_a_data_folder_without_responses_before_loading_the_target(data, tmp_path):
+    with pytest.raises(SystemExit, match=f"dflash2-hf train: {tmp_path / 'typo'} holds no response shards"):
+        main(train_argv(str(tmp_path / "no-such-model"), [data[0], tmp_path / "typo"], tmp_path / "run"))
 
 
 def test_heldout_gives_the_teacher_forced_acceptance_of_argmax_and_the_selector_walk(target, data, trained, tmp_path):
@@ -413,6 +427,21 @@ def test_data_existing_responses_takes_the_chat_files_replies_without_generating
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["responses"] == "existing"
     assert describe_data(tmp_path / "out", 2).startswith("2 replies taken from the chat files as they are")
     assert run(argv).strip() == f"2 replies written in {tmp_path / 'out'}", "a rerun resumes: nothing is added"
+
+
+def test_data_exclude_data_answers_only_prompts_the_earlier_folder_lacks(target, data, tmp_path):
+    folder, _ = data
+    chat_file = folder.parent / "chat.jsonl"
+    run(["data", "--target", target, "--chat-file", str(chat_file), "--out", str(tmp_path / "more"), "--limit", "3",
+         "--batch-size", "2", "--max-new-tokens", "4", "--exclude-data", str(folder)])
+    earlier = {r["prompt"] for r in read_responses(folder)}
+    assert [r["prompt"] for r in read_responses(tmp_path / "more")] == [c for c in CHAT if c not in earlier]
+
+
+def test_data_exclude_data_refuses_a_folder_without_responses_before_loading_the_target(tmp_path):
+    with pytest.raises(SystemExit, match="holds no response shards"):
+        main(["data", "--target", str(tmp_path / "no-such-model"), "--out", str(tmp_path / "out"),
+              "--exclude-data", str(tmp_path)])
 
 
 def test_data_refuses_to_mix_existing_replies_into_a_folder_of_target_answers(target, data):

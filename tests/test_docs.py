@@ -199,6 +199,9 @@ DOCUMENTED_COMMANDS = {
     # of ShareGPT, 3 prompts of 12 new tokens; 3 training steps of a 1-layer drafter with blocks of 4.
     "dflash2-hf data --target smollm2-135m --out runs/smollm2-data --limit 3000 --batch-size 24 --max-new-tokens 256":
         "tests/test_cli.py::test_data_answers_the_chat_file_prompts_with_the_target",
+    "dflash2-hf data --target smollm2-135m --out runs/smollm2-data2 --exclude-data runs/smollm2-data --limit 3000 "
+    "--batch-size 24 --max-new-tokens 256":
+        "tests/test_cli.py::test_data_exclude_data_answers_only_prompts_the_earlier_folder_lacks",
     "dflash2-hf data --out runs/smollm2-data --limit 3000 --batch-size 24 --max-new-tokens 256":
         "tests/test_cli.py::test_data_answers_the_chat_file_prompts_with_the_target",
     "dflash2-hf train --target smollm2-135m --data runs/smollm2-data --out runs/smollm2-train --steps 700 --layers 2 "

@@ -191,6 +191,11 @@ def test_evaluation_prompts_never_become_training_prompts():
     assert kept == ["Tell me a joke."]
 
 
+def test_prompts_already_answered_are_left_out_so_a_second_folder_adds_new_ones():
+    conversations = [[{"role": "user", "content": c}] for c in ("Say hi.", "Add 2 and 3.", "Name a colour.")]
+    assert training_prompts(conversations, limit=10, answered=["say  HI."]) == ["Add 2 and 3.", "Name a colour."]
+
+
 def test_lora_fine_tuning_trains_adapters_and_selector_and_reloads_the_peft_way(target, records, tmp_path):
     from peft import PeftModel, get_peft_model_state_dict
 
