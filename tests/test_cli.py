@@ -438,6 +438,13 @@ def test_data_exclude_data_answers_only_prompts_the_earlier_folder_lacks(target,
     assert [r["prompt"] for r in read_responses(tmp_path / "more")] == [c for c in CHAT if c not in earlier]
 
 
+def test_read_responses_reads_several_folders_in_the_order_given(data, tmp_path):
+    folder, _ = data
+    assert read_responses(folder, folder) == read_responses(folder) * 2
+    with pytest.raises(FileNotFoundError, match="holds no response shards"):
+        read_responses(folder, tmp_path)
+
+
 def test_data_exclude_data_refuses_a_folder_without_responses_before_loading_the_target(tmp_path):
     with pytest.raises(SystemExit, match="holds no response shards"):
         main(["data", "--target", str(tmp_path / "no-such-model"), "--out", str(tmp_path / "out"),
