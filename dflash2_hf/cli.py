@@ -39,9 +39,10 @@ def make_data(args: argparse.Namespace) -> None:
     evaluation = data.evaluation_prompts()
     sources = args.chat_file or [data.sharegpt_path()]
     conversations = (c for source in sources for c in data.iter_conversations(source))
+    held_out = [] if args.chat_file else data.sharegpt_benchmark_prompts()  # `bench --prompts sharegpt` takes these
     replies = {} if args.existing_responses else None
     prompts = data.training_prompts(conversations, args.limit * 4, max_chars=args.max_prompt_chars,
-                                    exclude=evaluation["humaneval"] + evaluation["mtbench"], replies=replies,
+                                    exclude=evaluation["humaneval"] + evaluation["mtbench"] + held_out, replies=replies,
                                     answered=answered)
     prompts = data.mixed_prompts(prompts)[: args.limit]
     if replies is None:
@@ -224,6 +225,11 @@ def bench(args: argparse.Namespace) -> None:
     from .presets import checkpoint_location, default_drafter_folder, load_target
     from .reference_peer import ReferenceMethod, ReferencePeer, ReferencePeerError
 
+    from .data import SHAREGPT_BENCHMARK_PROMPTS
+
+    if "sharegpt" in args.prompts and not 0 < args.per_source <= SHAREGPT_BENCHMARK_PROMPTS:
+        raise SystemExit(f"dflash2-hf bench: --per-source {args.per_source}: ShareGPT holds out "
+                         f"{SHAREGPT_BENCHMARK_PROMPTS} benchmark prompts (the rest may be training data).")
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     drafter_folder = None if args.no_drafter else args.drafter or default_drafter_folder(args.target)

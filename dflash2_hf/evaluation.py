@@ -24,7 +24,7 @@ def chat_inputs(tokenizer, benchmark: str, prompt: str) -> torch.Tensor:
 def benchmark_prompts(tokenizer, sources: list[str], per_source: int) -> list[tuple[str, torch.Tensor]]:
     """``(source, input_ids)`` pairs: HumanEval, MT-Bench, the held-out tail of ShareGPT, or local JSONL files
     (``{"prompt": ...}`` or ``{"messages": [...]}`` per line)."""
-    from .data import iter_conversations, sharegpt_path, training_prompts
+    from .data import SHAREGPT_BENCHMARK_PROMPTS, sharegpt_benchmark_prompts
 
     evaluation = evaluation_prompts()
     pairs = []
@@ -32,9 +32,10 @@ def benchmark_prompts(tokenizer, sources: list[str], per_source: int) -> list[tu
         if source in evaluation:
             pairs += [(source, chat_inputs(tokenizer, source, p)) for p in evaluation[source][:per_source]]
         elif source == "sharegpt":
-            prompts = training_prompts(iter_conversations(sharegpt_path()), limit=100_000, max_chars=1200,
-                                       exclude=evaluation["humaneval"] + evaluation["mtbench"])
-            pairs += [(source, chat_inputs(tokenizer, source, p)) for p in prompts[-per_source:]]  # never trained on
+            if per_source > SHAREGPT_BENCHMARK_PROMPTS:
+                raise ValueError(f"ShareGPT holds out {SHAREGPT_BENCHMARK_PROMPTS} benchmark prompts; asked for {per_source}.")
+            held_out = sharegpt_benchmark_prompts()  # never training data
+            pairs += [(source, chat_inputs(tokenizer, source, p)) for p in held_out[-per_source:]]
         else:
             for line in Path(source).read_text().splitlines()[:per_source]:
                 record = json.loads(line)

