@@ -220,12 +220,11 @@ def bench(args: argparse.Namespace) -> None:
 
     from .benchmark import Benchmark, standard_methods, write_report
     from .block_length import cycle_cost_for
+    from .data import SHAREGPT_BENCHMARK_PROMPTS
     from .evaluation import benchmark_prompts
     from .llama_cpp_peer import LlamaCppError, LlamaCppMethod
     from .presets import checkpoint_location, default_drafter_folder, load_target
     from .reference_peer import ReferenceMethod, ReferencePeer, ReferencePeerError
-
-    from .data import SHAREGPT_BENCHMARK_PROMPTS
 
     if "sharegpt" in args.prompts and not 0 < args.per_source <= SHAREGPT_BENCHMARK_PROMPTS:
         raise SystemExit(f"dflash2-hf bench: --per-source {args.per_source}: ShareGPT holds out "

