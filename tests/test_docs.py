@@ -214,6 +214,15 @@ DOCUMENTED_COMMANDS = {
     "dflash2-hf train --data runs/smollm2-data --out runs/smollm2-train2 --init-from runs/smollm2-train/drafter "
     "--steps 2000 --batch-size 4 --blocks 24 --lr 1e-3 --warmup 50 --checkpoint-every 200":
         "tests/test_cli.py::test_train_init_from_with_selector_only_changes_only_the_selector",
+    # Stage 3 of the shipped drafter: two data folders, the stage-2 drafter continued.
+    "dflash2-hf train --data runs/smollm2-data runs/smollm2-data2 --out runs/smollm2-train3 --init-from "
+    "runs/smollm2-train2/drafter --steps 1800 --batch-size 4 --blocks 24 --lr 1e-3 --warmup 50 --checkpoint-every 200":
+        "tests/test_cli.py::test_train_init_from_continues_the_whole_drafter_in_its_layout_on_new_data",
+    "dflash2-hf heldout runs/smollm2-train2/drafter --data runs/smollm2-data runs/smollm2-data2 --heldout-fraction 0.05":
+        "tests/test_cli.py::test_heldout_gives_the_teacher_forced_acceptance_of_argmax_and_the_selector_walk",
+    "dflash2-hf evaluate runs/smollm2-train3/drafter --paths argmax greedy --temperatures 0 1 --prompts 4 "
+    "--max-new-tokens 128":
+        "tests/test_cli.py::test_evaluate_writes_the_acceptance_of_every_path_and_temperature",
     # A DFlash v1 drafter trained by the test (--selector-rank 0), upgraded with a rank-8 selector in 3 steps.
     "dflash2-hf train --data runs/smollm2-data --out runs/smollm2-selector --init-from runs/v1-train/drafter "
     "--selector-only --selector-rank 64 --steps 300":
@@ -264,6 +273,15 @@ DOCUMENTED_COMMANDS = {
     "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 4 --temperatures 0 --max-new-tokens 128 "
     "--dtype bfloat16 --threads 2 --paths greedy --adaptive-block --tree-nodes 8 16 --llama-cpp "
     "--out docs/results/smollm2-135m-bf16-trees":
+        "tests/test_llama_cpp_peer.py::test_bench_runs_llama_cpp_next_to_trees_and_adaptive_blocks",
+    # docs/results.md and README.md: the stage-3 drafter's runs.
+    "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 4 --temperatures 0 --max-new-tokens 128 "
+    "--dtype float32 --threads 2 --paths greedy --adaptive-block --tree-nodes 8 16 "
+    "--out docs/results/smollm2-135m-stage3-fp32":
+        "tests/test_llama_cpp_peer.py::test_bench_runs_llama_cpp_next_to_trees_and_adaptive_blocks",
+    "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 4 --temperatures 0 --max-new-tokens 128 "
+    "--dtype bfloat16 --threads 2 --paths greedy --tree-nodes 8 --llama-cpp "
+    "--out docs/results/smollm2-135m-stage3-bf16":
         "tests/test_llama_cpp_peer.py::test_bench_runs_llama_cpp_next_to_trees_and_adaptive_blocks",
     # docs/results.md: trees sized by the cost model (the tiny target, a 6-node tree).
     "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 4 --temperatures 0 --max-new-tokens 128 "
