@@ -220,15 +220,15 @@ def bench(args: argparse.Namespace) -> None:
 
     from .benchmark import Benchmark, standard_methods, write_report
     from .block_length import cycle_cost_for
-    from .data import SHAREGPT_BENCHMARK_PROMPTS
-    from .evaluation import benchmark_prompts
+    from .evaluation import benchmark_prompts, check_per_source
     from .llama_cpp_peer import LlamaCppError, LlamaCppMethod
     from .presets import checkpoint_location, default_drafter_folder, load_target
     from .reference_peer import ReferenceMethod, ReferencePeer, ReferencePeerError
 
-    if "sharegpt" in args.prompts and not 0 < args.per_source <= SHAREGPT_BENCHMARK_PROMPTS:
-        raise SystemExit(f"dflash2-hf bench: --per-source {args.per_source}: ShareGPT holds out "
-                         f"{SHAREGPT_BENCHMARK_PROMPTS} benchmark prompts (the rest may be training data).")
+    try:
+        check_per_source(args.prompts, args.per_source)
+    except ValueError as error:
+        raise SystemExit(f"dflash2-hf bench: {error}") from None
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     drafter_folder = None if args.no_drafter else args.drafter or default_drafter_folder(args.target)

@@ -21,19 +21,27 @@ def chat_inputs(tokenizer, benchmark: str, prompt: str) -> torch.Tensor:
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
 
 
+def check_per_source(sources: list[str], per_source: int) -> None:
+    """Refuse asking ShareGPT for more prompts than it holds out (the rest may be training data)."""
+    from .data import SHAREGPT_BENCHMARK_PROMPTS
+
+    if "sharegpt" in sources and not 0 < per_source <= SHAREGPT_BENCHMARK_PROMPTS:
+        raise ValueError(f"--per-source {per_source}: ShareGPT holds out {SHAREGPT_BENCHMARK_PROMPTS} benchmark prompts "
+                         "(the rest may be training data).")
+
+
 def benchmark_prompts(tokenizer, sources: list[str], per_source: int) -> list[tuple[str, torch.Tensor]]:
     """``(source, input_ids)`` pairs: HumanEval, MT-Bench, the held-out tail of ShareGPT, or local JSONL files
     (``{"prompt": ...}`` or ``{"messages": [...]}`` per line)."""
-    from .data import SHAREGPT_BENCHMARK_PROMPTS, sharegpt_benchmark_prompts
+    from .data import sharegpt_benchmark_prompts
 
+    check_per_source(sources, per_source)
     evaluation = evaluation_prompts()
     pairs = []
     for source in sources:
         if source in evaluation:
             pairs += [(source, chat_inputs(tokenizer, source, p)) for p in evaluation[source][:per_source]]
         elif source == "sharegpt":
-            if per_source > SHAREGPT_BENCHMARK_PROMPTS:
-                raise ValueError(f"ShareGPT holds out {SHAREGPT_BENCHMARK_PROMPTS} benchmark prompts; asked for {per_source}.")
             held_out = sharegpt_benchmark_prompts()  # never training data
             pairs += [(source, chat_inputs(tokenizer, source, p)) for p in held_out[-per_source:]]
         else:
