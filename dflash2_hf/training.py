@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -219,25 +220,55 @@ def sample_blocks(
     record_ids: list[int] | None = None,
 ) -> BlockBatch:
     """Pick random anchors in each response and build the block labels (the target's own next tokens)."""
+    anchors = []
+    for record in sequences:
+        length = min(len(record["prompt_ids"]) + len(record["response_ids"]), max_length)
+        first = response_start(record)
+        if first >= length - 1:  # the response was cut off by max_length: nothing to label
+            anchors.append([])
+            continue
+        candidates = torch.arange(first, length - 1)
+        chosen = candidates[torch.randperm(len(candidates), generator=generator)[:blocks_per_sequence]]
+        anchors.append(chosen.sort().values.tolist())
+    return blocks_at(sequences, anchors, block_size, max_length, record_ids, slots=blocks_per_sequence)
+
+
+def response_start(record: dict) -> int:
+    """The first anchor of a record: its last prompt token, which anchors the first response block."""
+    return max(len(record["prompt_ids"]) - 1, 1)
+
+
+def blocks_at(
+    sequences: list[dict], anchors: list[list[int]], block_size: int, max_length: int, record_ids: list[int] | None = None,
+    slots: int | None = None,
+) -> BlockBatch:
+    """The blocks starting at the given anchors of each sequence (``slots`` blocks per row, unused ones marked -1), with
+    their labels (the target's own next tokens)."""
     rows = [(r["prompt_ids"] + r["response_ids"])[:max_length] for r in sequences]
     length = max(len(r) for r in rows)
+    slots = slots or max(1, max(len(a) for a in anchors))
     input_ids = torch.zeros(len(rows), length, dtype=torch.long)
     attention_mask = torch.zeros(len(rows), length, dtype=torch.long)
-    anchors = torch.full((len(rows), blocks_per_sequence), -1, dtype=torch.long)
-    labels = torch.full((len(rows), blocks_per_sequence, block_size), IGNORE, dtype=torch.long)
-    for row, (ids, record) in enumerate(zip(rows, sequences)):
+    anchor_ids = torch.full((len(rows), slots), -1, dtype=torch.long)
+    labels = torch.full((len(rows), slots, block_size), IGNORE, dtype=torch.long)
+    for row, (ids, chosen) in enumerate(zip(rows, anchors)):
         input_ids[row, : len(ids)] = torch.tensor(ids)
         attention_mask[row, : len(ids)] = 1
-        first = max(len(record["prompt_ids"]) - 1, 1)  # the last prompt token anchors the first response block
-        if first >= len(ids) - 1:  # the response was cut off by max_length: nothing to label
-            continue
-        candidates = torch.arange(first, len(ids) - 1)
-        chosen = candidates[torch.randperm(len(candidates), generator=generator)[:blocks_per_sequence]].sort().values
-        for slot, anchor in enumerate(chosen.tolist()):
-            anchors[row, slot] = anchor
+        for slot, anchor in enumerate(chosen):
+            anchor_ids[row, slot] = anchor
             span = ids[anchor : anchor + block_size]
             labels[row, slot, : len(span)] = torch.tensor(span)
-    return BlockBatch(record_ids or list(range(len(rows))), input_ids, attention_mask, anchors, labels)
+    return BlockBatch(record_ids or list(range(len(rows))), input_ids, attention_mask, anchor_ids, labels)
+
+
+def decoding_anchors(acceptance_lengths: list[int]) -> list[int]:
+    """The anchors greedy decoding visits, given the acceptance length of a block at every anchor ``0, 1, ...``: it
+    starts at 0 and each verification moves the anchor on by the accepted length (drafted tokens + the target's own)."""
+    visited, anchor = [], 0
+    while anchor < len(acceptance_lengths):
+        visited.append(anchor)
+        anchor += acceptance_lengths[anchor]
+    return visited
 
 
 def block_attention(anchors: torch.Tensor, context_mask: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -379,8 +410,9 @@ class DrafterTrainer:
             features[row, : values.shape[0]] = values
         return features
 
-    def _forward(self, batch: BlockBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Drafter hidden states and logits of every drafted position, ``[N, B-1, ...]``, with labels ``[N, B]``."""
+    def _forward(self, batch: BlockBatch, mixed_precision: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Drafter hidden states and logits of every drafted position, ``[N, B-1, ...]``, with labels ``[N, B]``
+        (under the run's autocast unless ``mixed_precision`` is off)."""
         drafter, device = self.unwrapped, self.accelerator.device
         block = drafter.block_size
         features = self.target_features(batch).to(torch.float32)
@@ -389,7 +421,7 @@ class DrafterTrainer:
         noise_ids[:, :, 0] = batch.labels[:, :, 0].clamp_min(0)
         embeds = self.target.get_input_embeddings()(noise_ids.flatten(1).to(device)).float()
         embeds = embeds * float(drafter.config.input_embedding_scale)
-        with self.accelerator.autocast():
+        with self.accelerator.autocast() if mixed_precision else nullcontext():
             hidden = self.drafter(
                 embeds,
                 context_hidden_states=features,
@@ -433,29 +465,70 @@ class DrafterTrainer:
         continuation, for the ``argmax`` path and, with a candidate selector, DFlash 2's ``greedy`` walk over the
         top-K lattice (the same lattice code decoding runs). The data are the target's greedy outputs, so this is
         what greedy decoding with this drafter accepts (counting the target's extra token), measured teacher-forced:
-        while a path matches, its predecessors are the gold tokens. Sequences go through in training-batch-sized
-        chunks: all at once, the logits alone would take ``sequences x blocks x block x vocabulary`` floats (tens of
-        GB for a 150K vocabulary). Empty without held-out sequences."""
-        if not self.heldout:
-            return {}
+        while a path matches, its predecessors are the gold tokens. Blocks start at random anchors, as in training.
+        Sequences go through in training-batch-sized chunks: all at once, the logits alone would take ``sequences x
+        blocks x block x vocabulary`` floats (tens of GB for a 150K vocabulary). Empty without held-out sequences."""
         generator = torch.Generator().manual_seed(12345)
         accepted: dict[str, list[torch.Tensor]] = {}
+        with self._evaluating():
+            for start in range(0, len(self.heldout), self.config.batch_size):
+                chunk = self.heldout[start: start + self.config.batch_size]
+                batch = sample_blocks(chunk, self.unwrapped.block_size, self.config.blocks_per_sequence,
+                                      self.config.max_length, generator, record_ids=self._heldout_ids(start, len(chunk)))
+                for path, lengths in self._acceptance_lengths(batch).items():
+                    accepted.setdefault(path, []).append(lengths)
+        return {path: float(torch.cat(values).float().mean()) for path, values in accepted.items()}  # nan: no block
+
+    @torch.no_grad()
+    def heldout_decoding_acceptance(self, tokens: int = 128) -> dict[str, float]:
+        """Like :meth:`heldout_acceptance`, but over the blocks greedy decoding of each held-out answer would draft:
+        the first after the answer's first token (which the target's pass over the prompt gives), each next one where
+        the previous block's accepted tokens end, up to ``tokens`` tokens into the answer (each path follows its own
+        anchors; one drafted path, no tree).
+
+        The drafter runs in its own dtype, without the run's autocast, as decoding runs it: with the target's
+        greedy answers as data, this is the acceptance greedy decoding of those prompts shows (exactly so in fp32),
+        where :meth:`heldout_acceptance` is higher: decoding starts its blocks right after the tokens the drafter
+        missed, harder places than random ones."""
+        accepted: dict[str, list[int]] = {}
+        chunk = self.config.batch_size * self.config.blocks_per_sequence
+        with self._evaluating():
+            for index, record in enumerate(self.heldout):
+                first = len(record["prompt_ids"])
+                length = min(len(record["prompt_ids"]) + len(record["response_ids"]), self.config.max_length)
+                anchors = list(range(first, min(first + tokens, length - self.unwrapped.block_size + 1)))
+                by_anchor: dict[str, list[int]] = {}
+                for start in range(0, len(anchors), chunk):
+                    batch = blocks_at([record], [anchors[start: start + chunk]], self.unwrapped.block_size,
+                                      self.config.max_length, record_ids=self._heldout_ids(index, 1))
+                    for path, lengths in self._acceptance_lengths(batch, mixed_precision=False).items():
+                        by_anchor.setdefault(path, []).extend(lengths.tolist())
+                for path, lengths in by_anchor.items():
+                    accepted.setdefault(path, []).extend(lengths[anchor] for anchor in decoding_anchors(lengths))
+        return {path: sum(values) / len(values) for path, values in accepted.items() if values}
+
+    @contextmanager
+    def _evaluating(self):
+        """The drafter in eval mode for the duration, back to its previous mode after."""
         was_training = self.drafter.training
         self.drafter.eval()
         try:
-            for start in range(0, len(self.heldout), self.config.batch_size):
-                chunk = self.heldout[start: start + self.config.batch_size]
-                ids = [-1 - i for i in range(start, start + len(chunk))]
-                batch = sample_blocks(chunk, self.unwrapped.block_size, self.config.blocks_per_sequence,
-                                      self.config.max_length, generator, record_ids=ids)
-                hidden, logits, labels = self._forward(batch)
-                full = (labels[:, 1:] != IGNORE).all(-1)  # blocks that lie wholly inside their sequence
-                for path, tokens in self._heldout_paths(hidden[full], logits[full], labels[full, 0]).items():
-                    matches = (tokens == labels[full, 1:]).long().cumprod(-1).sum(-1)
-                    accepted.setdefault(path, []).append(1 + matches)
+            yield
         finally:
             self.drafter.train(was_training)
-        return {path: float(torch.cat(values).float().mean()) for path, values in accepted.items()}  # nan: no block
+
+    @staticmethod
+    def _heldout_ids(start: int, count: int) -> list[int]:
+        """Feature-cache keys of held-out records ``start .. start + count - 1`` (negative: apart from training's)."""
+        return [-1 - i for i in range(start, start + count)]
+
+    def _acceptance_lengths(self, batch: BlockBatch, mixed_precision: bool = True) -> dict[str, torch.Tensor]:
+        """Per path, the teacher-forced acceptance length of each of the batch's blocks that lies wholly inside its
+        sequence (1 + the drafted prefix matching the labels), in block order."""
+        hidden, logits, labels = self._forward(batch, mixed_precision)
+        full = (labels[:, 1:] != IGNORE).all(-1)
+        paths = self._heldout_paths(hidden[full], logits[full], labels[full, 0])
+        return {path: 1 + (drafted == labels[full, 1:]).long().cumprod(-1).sum(-1) for path, drafted in paths.items()}
 
     def _heldout_paths(self, hidden: torch.Tensor, logits: torch.Tensor, anchors: torch.Tensor) -> dict[str, torch.Tensor]:
         """Drafted tokens ``[N, B-1]`` of the argmax path and, with a selector, of the greedy lattice walk."""

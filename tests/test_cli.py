@@ -201,6 +201,21 @@ def test_heldout_gives_the_teacher_forced_acceptance_of_argmax_and_the_selector_
     assert "over argmax" in printed and record["command"].startswith("dflash2-hf heldout")
 
 
+def test_heldout_can_follow_the_anchors_greedy_decoding_visits(target, data, trained, tmp_path):
+    out = tmp_path / "heldout.json"
+    run(["heldout", str(trained / "drafter"), "--target", target, "--data", str(data[0]), "--heldout-fraction", "0.34",
+         "--anchors", "decoding", "--decoding-tokens", "12", "--batch-size", "2", "--out", str(out)])
+    record = json.loads(out.read_text())
+    assert record["anchors"] == "decoding" and set(record["acceptance"]) == {"argmax", "greedy"}
+    assert all(1.0 <= value <= 4 for value in record["acceptance"].values())
+
+
+def test_heldout_refuses_following_no_answer_token_before_loading_the_target(data, trained, tmp_path):
+    with pytest.raises(SystemExit, match="--decoding-tokens 0"):
+        main(["heldout", str(trained / "drafter"), "--target", str(tmp_path / "no-such-model"), "--data", str(data[0]),
+              "--heldout-fraction", "0.34", "--anchors", "decoding", "--decoding-tokens", "0"])
+
+
 def test_heldout_refuses_a_fraction_that_holds_out_nothing(target, data, trained):
     with pytest.raises(SystemExit, match="holds out no record"):
         main(["heldout", str(trained / "drafter"), "--target", target, "--data", str(data[0]),

@@ -15,6 +15,7 @@ from dflash2_hf.training import (
     DrafterTrainer,
     TrainingConfig,
     block_attention,
+    decoding_anchors,
     position_weights,
     sample_blocks,
     selector_loss,
@@ -263,6 +264,44 @@ def test_heldout_selector_walk_differs_from_argmax_when_the_pair_term_reranks(me
         memorising_run.unwrapped.candidate_selector.hidden_projection.weight.normal_(std=50.0)
     acceptance = memorising_run.heldout_acceptance()
     assert acceptance["greedy"] != acceptance["argmax"]
+
+
+def test_decoding_visits_the_anchor_after_each_blocks_accepted_tokens():
+    assert decoding_anchors([3, 1, 1, 2, 1, 4, 1, 1]) == [0, 3, 5]
+    assert decoding_anchors([1, 1, 1]) == [0, 1, 2]
+
+
+@pytest.fixture(scope="module")
+def greedy_memorising_run(target, tmp_path_factory):
+    """A run on the target's greedy answers whose 4 held-out answers are also in its training data."""
+    generator = torch.Generator().manual_seed(1)
+    records = []
+    for _ in range(12):
+        prompt = torch.randint(0, 90, (1, 6), generator=generator)
+        output = target.generate(prompt, max_new_tokens=40, do_sample=False)
+        records.append({"prompt_ids": prompt[0].tolist(), "response_ids": output[0, 6:].tolist()})
+    run = trainer(target, records + records[:4], tmp_path_factory.mktemp("greedy"), steps=100, heldout_fraction=0.25)
+    run.train()
+    return run
+
+
+@pytest.mark.parametrize("path", ["argmax", "greedy"])
+def test_decoding_anchor_acceptance_is_what_greedy_decoding_accepts(greedy_memorising_run, target, path, one_thread):
+    run = greedy_memorising_run
+    drafter, block = run.unwrapped.eval(), run.unwrapped.block_size
+    decoded = []
+    for record in run.heldout:
+        prompt = torch.tensor([record["prompt_ids"]])
+        target.generate(prompt, max_new_tokens=len(record["response_ids"]), do_sample=False, assistant_model=drafter,
+                        dflash_path=path)
+        anchor, last = len(record["prompt_ids"]), len(record["prompt_ids"]) + len(record["response_ids"]) - block
+        for length in drafter.last_generation_stats.acceptance_lengths:  # the blocks wholly inside the answer
+            if anchor > last:
+                break
+            decoded.append(length)
+            anchor += length
+    assert sum(decoded) / len(decoded) > 1.0  # some blocks were partly accepted
+    assert run.heldout_decoding_acceptance()[path] == pytest.approx(sum(decoded) / len(decoded))
 
 
 def test_heldout_acceptance_of_a_dflash_v1_drafter_has_the_argmax_path_only(target, records, tmp_path):
