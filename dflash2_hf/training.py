@@ -493,7 +493,9 @@ class DrafterTrainer:
         accepted: dict[str, list[int]] = {}
         chunk = self.config.batch_size * self.config.blocks_per_sequence
         with self._evaluating():
-            for index, record in enumerate(self.heldout):
+            answers = tqdm(self.heldout, desc="held-out, decoding anchors", unit="answer",
+                           disable=not self.accelerator.is_main_process)
+            for index, record in enumerate(answers):
                 first = len(record["prompt_ids"])
                 length = min(len(record["prompt_ids"]) + len(record["response_ids"]), self.config.max_length)
                 anchors = list(range(first, min(first + tokens, length - self.unwrapped.block_size + 1)))
