@@ -220,6 +220,9 @@ DOCUMENTED_COMMANDS = {
         "tests/test_cli.py::test_train_init_from_continues_the_whole_drafter_in_its_layout_on_new_data",
     "dflash2-hf heldout runs/smollm2-train2/drafter --data runs/smollm2-data runs/smollm2-data2 --heldout-fraction 0.05":
         "tests/test_cli.py::test_heldout_gives_the_teacher_forced_acceptance_of_argmax_and_the_selector_walk",
+    "dflash2-hf heldout dflash2_hf/drafters/smollm2-135m --data runs/smollm2-data runs/smollm2-data2 "
+    "--heldout-fraction 0.05 --anchors decoding":
+        "tests/test_cli.py::test_heldout_can_follow_the_anchors_greedy_decoding_visits",
     "dflash2-hf evaluate runs/smollm2-train3/drafter --paths argmax greedy --temperatures 0 1 --prompts 4 "
     "--max-new-tokens 128":
         "tests/test_cli.py::test_evaluate_writes_the_acceptance_of_every_path_and_temperature",
