@@ -374,7 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                            "them (after each block's accepted tokens; the figure decoding shows; target and drafter "
                            "in fp32)")
     held.add_argument("--decoding-tokens", type=int, default=128, help="with --anchors decoding: answer tokens followed")
-    held.add_argument("--blocks", type=int, default=24, help="blocks sampled per sequence (--anchors random)")
+    held.add_argument("--blocks", type=int, default=24, help="blocks sampled per sequence (--anchors random; with "
+                      "--anchors decoding, --blocks x --batch-size blocks go through each forward pass)")
     held.add_argument("--batch-size", type=int, default=4)
     held.add_argument("--out", help="write the figures and the command to this JSON file")
     run = commands.add_parser("generate", help="answer a prompt with the default drafter, report speed vs plain decoding")
