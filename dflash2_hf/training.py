@@ -487,9 +487,9 @@ class DrafterTrainer:
         anchors; one drafted path, no tree).
 
         The drafter runs in its own dtype, without the run's autocast, as decoding runs it: with the target's
-        greedy answers as data, this is the acceptance greedy decoding of those prompts shows (exactly so in fp32),
-        where :meth:`heldout_acceptance` is higher: decoding starts its blocks right after the tokens the drafter
-        missed, harder places than random ones."""
+        greedy answers as data, this is the acceptance greedy decoding of those prompts shows (exactly so in fp32).
+        :meth:`heldout_acceptance` counts every position alike and comes out higher: decoding crosses a stretch where
+        blocks accept many tokens in few blocks, so most of its blocks lie where acceptance is low."""
         accepted: dict[str, list[int]] = {}
         chunk = self.config.batch_size * self.config.blocks_per_sequence
         with self._evaluating():
