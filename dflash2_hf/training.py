@@ -223,7 +223,7 @@ def sample_blocks(
     anchors = []
     for record in sequences:
         length = min(len(record["prompt_ids"]) + len(record["response_ids"]), max_length)
-        first = response_start(record)
+        first = max(len(record["prompt_ids"]) - 1, 1)  # the last prompt token anchors the first response block
         if first >= length - 1:  # the response was cut off by max_length: nothing to label
             anchors.append([])
             continue
@@ -231,11 +231,6 @@ def sample_blocks(
         chosen = candidates[torch.randperm(len(candidates), generator=generator)[:blocks_per_sequence]]
         anchors.append(chosen.sort().values.tolist())
     return blocks_at(sequences, anchors, block_size, max_length, record_ids, slots=blocks_per_sequence)
-
-
-def response_start(record: dict) -> int:
-    """The first anchor of a record: its last prompt token, which anchors the first response block."""
-    return max(len(record["prompt_ids"]) - 1, 1)
 
 
 def blocks_at(

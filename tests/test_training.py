@@ -27,16 +27,21 @@ def target():
     return tiny_target("qwen3")
 
 
-@pytest.fixture(scope="module")
-def records(target):
-    """Sequences the target itself generated, as the data step makes them."""
-    generator = torch.Generator().manual_seed(0)
+def target_answers(target, seed: int, **sampling) -> list[dict]:
+    """12 records of the target's own answers (40 tokens) to random 6-token prompts, as the data step makes them."""
+    generator = torch.Generator().manual_seed(seed)
     rows = []
     for _ in range(12):
         prompt = torch.randint(0, 90, (1, 6), generator=generator)
-        output = target.generate(prompt, max_new_tokens=40, do_sample=True, temperature=0.5)
+        output = target.generate(prompt, max_new_tokens=40, **sampling)
         rows.append({"prompt_ids": prompt[0].tolist(), "response_ids": output[0, 6:].tolist()})
     return rows
+
+
+@pytest.fixture(scope="module")
+def records(target):
+    """Sequences the target itself sampled."""
+    return target_answers(target, seed=0, do_sample=True, temperature=0.5)
 
 
 def trainer(target, records, folder, steps, drafter=None, **overrides):
@@ -274,12 +279,7 @@ def test_decoding_visits_the_anchor_after_each_blocks_accepted_tokens():
 @pytest.fixture(scope="module")
 def greedy_memorising_run(target, tmp_path_factory):
     """A run on the target's greedy answers whose 4 held-out answers are also in its training data."""
-    generator = torch.Generator().manual_seed(1)
-    records = []
-    for _ in range(12):
-        prompt = torch.randint(0, 90, (1, 6), generator=generator)
-        output = target.generate(prompt, max_new_tokens=40, do_sample=False)
-        records.append({"prompt_ids": prompt[0].tolist(), "response_ids": output[0, 6:].tolist()})
+    records = target_answers(target, seed=1, do_sample=False)
     run = trainer(target, records + records[:4], tmp_path_factory.mktemp("greedy"), steps=100, heldout_fraction=0.25)
     run.train()
     return run
