@@ -78,8 +78,17 @@ def train(args: argparse.Namespace) -> None:
 
     folders = read_data(args.data, "train")
     records = [record for folder in folders for record in folder]
-    target, tokenizer = load_target(args.target, dtype=torch.bfloat16)
     out = Path(args.out)
+    try:  # settings are checked before anything loads
+        training = TrainingConfig(output_dir=str(out), steps=args.steps, batch_size=args.batch_size,
+                                  blocks_per_sequence=args.blocks, learning_rate=args.lr, warmup_steps=args.warmup,
+                                  checkpoint_every=args.checkpoint_every, seed=args.seed,
+                                  heldout_fraction=args.heldout_fraction, train_drafter=not args.selector_only,
+                                  selector_gold=args.selector_gold, distill_weight=args.distill_weight,
+                                  feature_cache_gb=args.feature_cache_gb)
+    except ValueError as error:
+        raise SystemExit(f"dflash2-hf train: {error}") from None
+    target, tokenizer = load_target(args.target, dtype=torch.bfloat16)
     out.mkdir(parents=True, exist_ok=True)
     saved_config = out / "drafter_config.json"
     torch.manual_seed(args.seed)
@@ -99,12 +108,7 @@ def train(args: argparse.Namespace) -> None:
             config.to_json_file(saved_config)
         drafter = DFlashDraftModel.class_for_config(config)(config)
         initialize_from_target(drafter, target)
-    # When resuming, the newest checkpoint in --out replaces these starting weights.
-    training = TrainingConfig(output_dir=str(out), steps=args.steps, batch_size=args.batch_size,
-                              blocks_per_sequence=args.blocks, learning_rate=args.lr, warmup_steps=args.warmup,
-                              checkpoint_every=args.checkpoint_every, seed=args.seed,
-                              heldout_fraction=args.heldout_fraction, train_drafter=not args.selector_only,
-                              selector_gold=args.selector_gold, feature_cache_gb=args.feature_cache_gb)
+    # When resuming, the newest checkpoint in --out replaces the starting weights built above.
     trainer = DrafterTrainer(drafter, target, records, training)
     history = trainer.train()
     export = Path(args.export or out / "drafter")
@@ -355,6 +359,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="where the right token is not among the drafter's top-K: put it into the candidates "
                           "(insert, the published recipe) or leave the position out of the selector loss (skip: "
                           "decoding only ever chooses among the top-K)")
+    fit.add_argument("--distill-weight", type=float, default=0.0,
+                     help="share of the drafter's loss taken from the target's whole next-token distribution at each "
+                          "drafted position (soft labels, 0-1) instead of its chosen token alone")
     check = commands.add_parser("evaluate", help="mean acceptance length on held-out HumanEval and MT-Bench prompts")
     check.add_argument("drafter", help="drafter folder")
     check.add_argument("--target", default="smollm2-135m")

@@ -51,6 +51,7 @@ class TrainingConfig:
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0
     loss_decay_gamma: float = 7.0
+    distill_weight: float = 0.0  # share of the drafter loss taken from the target's whole next-token distribution
     selector_weight: float = 1.0
     selector_gold: str = "insert"  # "insert": gold joins the candidates when missing; "skip": such positions don't count
     train_drafter: bool = True
@@ -63,6 +64,8 @@ class TrainingConfig:
     def __post_init__(self) -> None:
         if self.selector_gold not in ("insert", "skip"):
             raise ValueError(f"selector_gold must be 'insert' or 'skip', got {self.selector_gold!r}.")
+        if not 0.0 <= self.distill_weight <= 1.0:
+            raise ValueError(f"distill_weight must be between 0 and 1, got {self.distill_weight}.")
 
 
 def drafter_config_for(
@@ -381,29 +384,48 @@ class DrafterTrainer:
         return batch.rows(self.accelerator.process_index, self.accelerator.num_processes)
 
     @torch.no_grad()
-    def _features_of(self, record_id: int, input_ids: torch.Tensor) -> torch.Tensor:
-        """Target features of one unpadded sequence, computed once and kept (in the target's dtype) while the cache
-        stays under ``feature_cache_gb``."""
+    def _target_states(self, record_id: int, input_ids: torch.Tensor) -> torch.Tensor:
+        """Target states of one unpadded sequence, ``[T, taps * hidden]`` (the tapped layers' features), plus the
+        final (normed) hidden state as the last ``hidden`` columns when distilling; computed once and kept (in the
+        target's dtype) while the cache stays under ``feature_cache_gb``."""
         if record_id in self.feature_cache:
             return self.feature_cache[record_id]
-        layers = self.unwrapped.target_layer_ids
-        output = self.target(input_ids=input_ids[None].to(self.accelerator.device),
-                             output_hidden_states=[i + 1 for i in layers], logits_to_keep=1)
-        features = torch.cat([output.hidden_states[i + 1] for i in layers], dim=-1)[0]
-        size = features.numel() * features.element_size()
+        layers = [i + 1 for i in self.unwrapped.target_layer_ids]
+        if self.config.distill_weight > 0:
+            layers.append(self.target.config.num_hidden_layers)
+        output = self.target(input_ids=input_ids[None].to(self.accelerator.device), output_hidden_states=layers,
+                             logits_to_keep=1)
+        states = torch.cat([output.hidden_states[i] for i in layers], dim=-1)[0]
+        size = states.numel() * states.element_size()
         if self.feature_cache_bytes + size <= self.config.feature_cache_gb * 2**30:
-            self.feature_cache[record_id] = features
+            self.feature_cache[record_id] = states
             self.feature_cache_bytes += size
-        return features
+        return states
+
+    def target_states(self, batch: BlockBatch) -> torch.Tensor:
+        """``[b, T, ...]`` target states (see ``_target_states``) of the batch's sequences, zero past each end."""
+        rows = [self._target_states(rid, ids[mask.bool()])
+                for rid, ids, mask in zip(batch.record_ids, batch.input_ids, batch.attention_mask)]
+        states = rows[0].new_zeros(len(rows), batch.input_ids.shape[1], rows[0].shape[-1])
+        for row, values in enumerate(rows):
+            states[row, : values.shape[0]] = values
+        return states
 
     def target_features(self, batch: BlockBatch) -> torch.Tensor:
-        """``[b, T, taps * hidden]`` features of the batch's sequences, zero past each sequence's end."""
-        rows = [self._features_of(rid, ids[mask.bool()])
-                for rid, ids, mask in zip(batch.record_ids, batch.input_ids, batch.attention_mask)]
-        features = rows[0].new_zeros(len(rows), batch.input_ids.shape[1], rows[0].shape[-1])
-        for row, values in enumerate(rows):
-            features[row, : values.shape[0]] = values
-        return features
+        """``[b, T, taps * hidden]`` features of the tapped target layers, zero past each sequence's end."""
+        taps = len(self.unwrapped.target_layer_ids) * self.target.config.hidden_size
+        return self.target_states(batch)[..., :taps]
+
+    @torch.no_grad()
+    def target_block_logits(self, batch: BlockBatch) -> torch.Tensor:
+        """The target's next-token logits for every drafted position, ``[N, B-1, vocab]`` in fp32: drafted position
+        ``k`` of a block at anchor ``a`` is the target's prediction at ``a + k - 1``."""
+        block = self.unwrapped.block_size
+        final = self.target_states(batch)[..., -self.target.config.hidden_size:]
+        positions = (batch.anchors.clamp_min(0)[:, :, None] + torch.arange(block - 1)).clamp_max(final.shape[1] - 1)
+        rows = torch.arange(final.shape[0])[:, None, None]
+        picked = final[rows, positions].flatten(0, 1).to(self.accelerator.device)
+        return self.target.get_output_embeddings()(picked).float()
 
     def _forward(self, batch: BlockBatch, mixed_precision: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Drafter hidden states and logits of every drafted position, ``[N, B-1, ...]``, with labels ``[N, B]``
@@ -435,6 +457,11 @@ class DrafterTrainer:
         gold = labels[:, 1:]
         valid = gold != IGNORE
         token_losses = F.cross_entropy(logits.flatten(0, 1), gold.clamp_min(0).flatten(), reduction="none").view_as(gold)
+        if self.config.distill_weight > 0:  # soft labels: cross-entropy against the target's whole distribution
+            teacher = self.target_block_logits(batch).softmax(-1)
+            soft_losses = -(teacher * logits.log_softmax(-1)).sum(-1)
+            share = self.config.distill_weight
+            token_losses = (1 - share) * token_losses + share * soft_losses
         weights = self.weights.to(device)[None, :] * valid
         # Normalise by the global batch's share per process, so DDP's gradient average is the global-batch mean.
         everything = labels if batch.global_labels is None else batch.global_labels.flatten(0, 1).to(device)

@@ -178,6 +178,17 @@ def test_train_init_from_continues_the_whole_drafter_in_its_layout_on_new_data(t
     assert record["config"]["heldout_fraction"] == 0.25 and record["config"]["selector_gold"] == "skip"
 
 
+def test_train_distills_from_the_target_distribution_when_asked_and_records_the_weight(target, data, tmp_path):
+    run(train_argv(target, data[0], tmp_path / "run", "--distill-weight", "0.5"))
+    record = json.loads((tmp_path / "run" / "drafter" / "training.json").read_text())
+    assert record["config"]["distill_weight"] == 0.5
+
+
+def test_train_refuses_a_distill_weight_outside_zero_to_one_before_loading_the_target(data, tmp_path):
+    with pytest.raises(SystemExit, match="distill_weight must be between 0 and 1, got 2.0"):
+        main(train_argv(str(tmp_path / "no-such-model"), data[0], tmp_path / "run", "--distill-weight", "2"))
+
+
 def test_train_reads_several_data_folders_in_order_and_records_each(target, data, tmp_path):
     folder, _ = data
     run(train_argv(target, [folder, folder], tmp_path / "run", "--heldout-fraction", "0.34"))

@@ -122,6 +122,56 @@ def test_an_unknown_selector_gold_setting_is_refused():
         TrainingConfig(output_dir="unused", selector_gold="drop")
 
 
+def test_a_distill_weight_outside_zero_to_one_is_refused():
+    with pytest.raises(ValueError, match="distill_weight"):
+        TrainingConfig(output_dir="unused", distill_weight=1.5)
+
+
+def test_soft_labels_are_the_targets_own_next_token_logits_at_each_drafted_position(target, records, tmp_path):
+    run = trainer(target, records, tmp_path, steps=1, distill_weight=0.5)
+    batch = run.batch_for_step(0)
+    teacher = run.target_block_logits(batch).view(*batch.anchors.shape, -1, target.config.vocab_size)
+    row, slot = 1, 2
+    anchor = batch.anchors[row, slot].item()
+    with torch.no_grad():
+        full = target(batch.input_ids[row : row + 1][:, batch.attention_mask[row].bool()]).logits[0]
+    drafted = run.unwrapped.block_size - 1
+    assert torch.allclose(teacher[row, slot], full[anchor : anchor + drafted], atol=1e-4)
+
+
+def test_distilling_moves_the_drafter_towards_the_target_distribution(target, records, tmp_path):
+    run = trainer(target, records, tmp_path, steps=40, distill_weight=1.0)
+
+    def divergence_on_fixed_batches() -> float:
+        """Mean KL(target || drafter) over the drafted positions with a label, on four fixed batches."""
+        total = 0.0
+        with torch.no_grad():
+            for step in range(1000, 1004):
+                batch = run.batch_for_step(step)
+                _, logits, labels = run._forward(batch)
+                teacher = run.target_block_logits(batch).log_softmax(-1)
+                kl = (teacher.exp() * (teacher - logits.log_softmax(-1))).sum(-1)
+                total += kl[labels[:, 1:] != IGNORE].mean().item() / 4
+        return total
+
+    before = divergence_on_fixed_batches()
+    run.train()
+    assert divergence_on_fixed_batches() < 0.8 * before
+
+
+def test_a_zero_distill_weight_is_plain_cross_entropy_and_a_full_one_is_not(target, records, tmp_path):
+    batch = trainer(target, records, tmp_path / "batch", steps=1).batch_for_step(0)
+    losses = {}
+    for weight in (0.0, 1.0):
+        run = trainer(target, records, tmp_path / str(weight), steps=1, distill_weight=weight)
+        with torch.no_grad():
+            losses[weight] = run.losses(batch)[1].drafter_loss
+    plain = trainer(target, records, tmp_path / "plain", steps=1)
+    with torch.no_grad():
+        assert plain.losses(batch)[1].drafter_loss == losses[0.0]
+    assert losses[1.0] != pytest.approx(losses[0.0], rel=1e-3)
+
+
 def test_selector_loss_ignores_positions_without_a_gold_token():
     drafter = new_drafter()
     logits = torch.randn(1, 2, 96)
