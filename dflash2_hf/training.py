@@ -411,28 +411,30 @@ class DrafterTrainer:
             states[row, : values.shape[0]] = values
         return states
 
-    def target_features(self, batch: BlockBatch) -> torch.Tensor:
-        """``[b, T, taps * hidden]`` features of the tapped target layers, zero past each sequence's end."""
-        taps = len(self.unwrapped.target_layer_ids) * self.target.config.hidden_size
-        return self.target_states(batch)[..., :taps]
-
     @torch.no_grad()
-    def target_block_logits(self, batch: BlockBatch) -> torch.Tensor:
+    def target_block_logits(self, batch: BlockBatch, states: torch.Tensor | None = None) -> torch.Tensor:
         """The target's next-token logits for every drafted position, ``[N, B-1, vocab]`` in fp32: drafted position
-        ``k`` of a block at anchor ``a`` is the target's prediction at ``a + k - 1``."""
+        ``k`` of a block at anchor ``a`` is the target's prediction at ``a + k - 1``. ``states``: the batch's
+        ``target_states``, when already at hand."""
         block = self.unwrapped.block_size
-        final = self.target_states(batch)[..., -self.target.config.hidden_size:]
+        states = self.target_states(batch) if states is None else states
+        final = states[..., -self.target.config.hidden_size:]
         positions = (batch.anchors.clamp_min(0)[:, :, None] + torch.arange(block - 1)).clamp_max(final.shape[1] - 1)
         rows = torch.arange(final.shape[0])[:, None, None]
         picked = final[rows, positions].flatten(0, 1).to(self.accelerator.device)
         return self.target.get_output_embeddings()(picked).float()
 
-    def _forward(self, batch: BlockBatch, mixed_precision: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _forward(
+        self, batch: BlockBatch, mixed_precision: bool = True, states: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Drafter hidden states and logits of every drafted position, ``[N, B-1, ...]``, with labels ``[N, B]``
-        (under the run's autocast unless ``mixed_precision`` is off)."""
+        (under the run's autocast unless ``mixed_precision`` is off). ``states``: the batch's ``target_states``, when
+        already at hand."""
         drafter, device = self.unwrapped, self.accelerator.device
         block = drafter.block_size
-        features = self.target_features(batch).to(torch.float32)
+        states = self.target_states(batch) if states is None else states
+        taps = len(drafter.target_layer_ids) * self.target.config.hidden_size
+        features = states[..., :taps].to(torch.float32)
         batch_size, blocks = batch.anchors.shape
         noise_ids = torch.full((batch_size, blocks, block), drafter.mask_token_id, dtype=torch.long)
         noise_ids[:, :, 0] = batch.labels[:, :, 0].clamp_min(0)
@@ -453,12 +455,13 @@ class DrafterTrainer:
     def losses(self, batch: BlockBatch) -> tuple[torch.Tensor, StepMetrics]:
         """Forward pass and losses for one batch."""
         drafter, device = self.unwrapped, self.accelerator.device
-        hidden, logits, labels = self._forward(batch)
+        states = self.target_states(batch)
+        hidden, logits, labels = self._forward(batch, states=states)
         gold = labels[:, 1:]
         valid = gold != IGNORE
         token_losses = F.cross_entropy(logits.flatten(0, 1), gold.clamp_min(0).flatten(), reduction="none").view_as(gold)
         if self.config.distill_weight > 0:  # soft labels: cross-entropy against the target's whole distribution
-            teacher = self.target_block_logits(batch).softmax(-1)
+            teacher = self.target_block_logits(batch, states).softmax(-1)
             soft_losses = -(teacher * logits.log_softmax(-1)).sum(-1)
             share = self.config.distill_weight
             token_losses = (1 - share) * token_losses + share * soft_losses
