@@ -179,7 +179,7 @@ def test_train_init_from_continues_the_whole_drafter_in_its_layout_on_new_data(t
 
 
 def test_train_distills_from_the_target_distribution_when_asked_and_records_the_weight(target, data, tmp_path):
-    run(train_argv(target, data[0], tmp_path / "run", "--distill-weight", "0.5"))
+    run(train_argv(target, data[0], tmp_path / "run", "--distill-weight", "0.5", "--heldout-fraction", "0.34"))
     record = json.loads((tmp_path / "run" / "drafter" / "training.json").read_text())
     assert record["config"]["distill_weight"] == 0.5
 
@@ -493,6 +493,21 @@ def test_data_exclude_data_refuses_a_folder_without_responses_before_loading_the
     with pytest.raises(SystemExit, match="holds no response shards"):
         main(["data", "--target", str(tmp_path / "no-such-model"), "--out", str(tmp_path / "out"),
               "--exclude-data", str(tmp_path)])
+
+
+def test_data_existing_responses_leave_out_the_prompts_of_an_earlier_folder(target, tmp_path):
+    conversations = [
+        {"messages": [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi there!"}]},
+        {"messages": [{"role": "user", "content": "Add 2 and 3."}, {"role": "assistant", "content": "2 + 3 = 5."}]},
+    ]
+    chat_file = tmp_path / "chat.jsonl"
+    chat_file.write_text("".join(json.dumps(c) + "\n" for c in conversations))
+    common = ["data", "--target", target, "--chat-file", str(chat_file), "--existing-responses", "--max-new-tokens", "64"]
+    run([*common, "--out", str(tmp_path / "first"), "--limit", "1"])
+    run([*common, "--out", str(tmp_path / "second"), "--limit", "5", "--exclude-data", str(tmp_path / "first")])
+    first, second = read_responses(tmp_path / "first"), read_responses(tmp_path / "second")
+    assert len(first) == 1 and [r["prompt"] for r in second] == [p for p in ("Say hi.", "Add 2 and 3.")
+                                                                 if p != first[0]["prompt"]]
 
 
 def test_data_refuses_to_mix_existing_replies_into_a_folder_of_target_answers(target, data):

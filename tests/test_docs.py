@@ -383,6 +383,18 @@ DOCUMENTED_COMMANDS = {
     "dflash2-hf heldout runs/selector-gold-skip/drafter --data runs/smollm2-data --heldout-fraction 0.05 "
     "--out runs/selector-gold-skip/heldout.json":
         "tests/test_cli.py::test_heldout_gives_the_teacher_forced_acceptance_of_argmax_and_the_selector_walk",
+    # docs/training.md: soft labels against cross-entropy, on ShareGPT's replies to prompts the target data leaves.
+    "dflash2-hf data --target smollm2-135m --out runs/smollm2-existing --exclude-data runs/smollm2-data --limit 3000 "
+    "--existing-responses --max-new-tokens 256":
+        "tests/test_cli.py::test_data_existing_responses_leave_out_the_prompts_of_an_earlier_folder",
+    "dflash2-hf train --target smollm2-135m --data runs/smollm2-existing --out runs/distill-1 --steps 600 --layers 2 "
+    "--taps 3 --selector-rank 64 --block-size 16 --batch-size 4 --blocks 24 --lr 2e-3 --warmup 50 "
+    "--checkpoint-every 150 --heldout-fraction 0.02 --distill-weight 1":
+        "tests/test_cli.py::test_train_distills_from_the_target_distribution_when_asked_and_records_the_weight",
+    "dflash2-hf heldout runs/distill-1/drafter --data runs/smollm2-data --heldout-fraction 0.5":
+        "tests/test_cli.py::test_heldout_gives_the_teacher_forced_acceptance_of_argmax_and_the_selector_walk",
+    "dflash2-hf evaluate DRAFTER --paths argmax greedy --temperatures 0 --prompts 4 --max-new-tokens 128":
+        "tests/test_cli.py::test_evaluate_writes_the_acceptance_of_every_path_and_temperature",
     # docs/results.md: the CPU options probe, on 8 new tokens, one thread and the options that need no compilation.
     "python scripts/cpu_options_probe.py --dtype float32 --threads 2 --out docs/results/cpu-options-float32.json":
         "tests/test_scripts.py::test_cpu_options_probe_times_each_option_against_eager_and_checks_the_tokens",
