@@ -85,7 +85,7 @@ def train(args: argparse.Namespace) -> None:
                                   checkpoint_every=args.checkpoint_every, seed=args.seed,
                                   heldout_fraction=args.heldout_fraction, train_drafter=not args.selector_only,
                                   selector_gold=args.selector_gold, distill_weight=args.distill_weight,
-                                  feature_cache_gb=args.feature_cache_gb)
+                                  anchors=args.anchors, feature_cache_gb=args.feature_cache_gb)
     except ValueError as error:
         raise SystemExit(f"dflash2-hf train: {error}") from None
     target, tokenizer = load_target(args.target, dtype=torch.bfloat16)
@@ -359,6 +359,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="where the right token is not among the drafter's top-K: put it into the candidates "
                           "(insert, the published recipe) or leave the position out of the selector loss (skip: "
                           "decoding only ever chooses among the top-K)")
+    fit.add_argument("--anchors", choices=("random", "decoding"), default="random",
+                     help="where blocks start: random answer positions, or (with --selector-only, on the target's "
+                          "greedy answers) where greedy decoding with the drafter's argmax path would start them")
     fit.add_argument("--distill-weight", type=float, default=0.0,
                      help="share of the drafter's loss taken from the target's whole next-token distribution at each "
                           "drafted position (soft labels, 0-1) instead of its chosen token alone")

@@ -12,6 +12,10 @@ its own block only (an explicit attention mask; DFlash 2's convolutions stay ins
   published recipe, ``selector_gold="insert"``) or those positions left out (``selector_gold="skip"``: decoding can
   only ever pick among the drafter's own top-K, so a weak drafter's selector learns from the choices it will face).
 
+A selector trained on a frozen drafter can take its blocks where decoding drafts them instead (``anchors="decoding"``):
+at the anchors greedy decoding with the drafter's argmax path visits on the target's own answers, which lie mostly
+where acceptance is low, while random anchors count every position alike.
+
 The loop uses ``accelerate`` (one process, or ``accelerate launch --num_processes N`` for DDP), AdamW with warmup +
 cosine decay, gradient clipping and bf16 autocast, and resumes bit-for-bit from its latest checkpoint.
 """
@@ -55,6 +59,7 @@ class TrainingConfig:
     selector_weight: float = 1.0
     selector_gold: str = "insert"  # "insert": gold joins the candidates when missing; "skip": such positions don't count
     train_drafter: bool = True
+    anchors: str = "random"  # "decoding": the blocks greedy decoding with the frozen drafter's argmax path drafts
     checkpoint_every: int = 50
     heldout_fraction: float = 0.0
     seed: int = 0
@@ -66,6 +71,11 @@ class TrainingConfig:
             raise ValueError(f"selector_gold must be 'insert' or 'skip', got {self.selector_gold!r}.")
         if not 0.0 <= self.distill_weight <= 1.0:
             raise ValueError(f"distill_weight must be between 0 and 1, got {self.distill_weight}.")
+        if self.anchors not in ("random", "decoding"):
+            raise ValueError(f"anchors must be 'random' or 'decoding', got {self.anchors!r}.")
+        if self.anchors == "decoding" and self.train_drafter:
+            raise ValueError("anchors='decoding' needs a frozen drafter (train_drafter=False): the anchors come from "
+                             "the drafter's own decoding and are computed once per sequence.")
 
 
 def drafter_config_for(
@@ -363,6 +373,7 @@ class DrafterTrainer:
         self.history: list[dict] = []
         self.feature_cache: dict[int, torch.Tensor] = {}
         self.feature_cache_bytes = 0
+        self.visited_anchors: dict[int, list[int]] = {}
 
     def _lr_factor(self, step: int) -> float:
         if step < self.config.warmup_steps:
@@ -378,10 +389,34 @@ class DrafterTrainer:
         """This process's share of the deterministic global batch of ``step`` (a resumed run sees the same data)."""
         generator = torch.Generator().manual_seed(self.config.seed * 1_000_003 + step)
         rows = torch.randint(0, len(self.records), (self.config.batch_size,), generator=generator).tolist()
-        drafter = self.unwrapped
-        batch = sample_blocks([self.records[i] for i in rows], drafter.block_size, self.config.blocks_per_sequence,
-                              self.config.max_length, generator, record_ids=rows)
+        drafter, sequences = self.unwrapped, [self.records[i] for i in rows]
+        if self.config.anchors == "decoding":
+            anchors = []
+            for row in rows:
+                visited = torch.tensor(self.decoding_anchors_of(row), dtype=torch.long)
+                chosen = visited[torch.randperm(len(visited), generator=generator)[: self.config.blocks_per_sequence]]
+                anchors.append(chosen.sort().values.tolist())
+            batch = blocks_at(sequences, anchors, drafter.block_size, self.config.max_length, record_ids=rows,
+                              slots=self.config.blocks_per_sequence)
+        else:
+            batch = sample_blocks(sequences, drafter.block_size, self.config.blocks_per_sequence,
+                                  self.config.max_length, generator, record_ids=rows)
         return batch.rows(self.accelerator.process_index, self.accelerator.num_processes)
+
+    def decoding_anchors_of(self, record_id: int) -> list[int]:
+        """The anchors greedy decoding of training record ``record_id`` visits with the drafter's argmax path (the
+        record being the target's greedy answer), blocks wholly inside the sequence; computed once (the drafter is
+        frozen when training uses them). In fp32 with an fp32 target, as decoding runs by default; under the run's
+        autocast with a bf16 target (whose LM head then reads bf16)."""
+        if record_id not in self.visited_anchors:
+            record = self.records[record_id]
+            exact = self.target.dtype == torch.float32
+            with self._evaluating():
+                lengths = self._acceptance_at_every_anchor(record, record_id, mixed_precision=not exact)
+            lengths = lengths[PathStrategy.ARGMAX.value]
+            first = len(record["prompt_ids"])
+            self.visited_anchors[record_id] = [first + anchor for anchor in decoding_anchors(lengths)]
+        return self.visited_anchors[record_id]
 
     @torch.no_grad()
     def _target_states(self, record_id: int, input_ids: torch.Tensor) -> torch.Tensor:
@@ -516,23 +551,35 @@ class DrafterTrainer:
         :meth:`heldout_acceptance` counts every position alike and comes out higher: decoding crosses a stretch where
         blocks accept many tokens in few blocks, so most of its blocks lie where acceptance is low."""
         accepted: dict[str, list[int]] = {}
-        chunk = self.config.batch_size * self.config.blocks_per_sequence
         with self._evaluating():
             answers = tqdm(self.heldout, desc="held-out, decoding anchors", unit="answer",
                            disable=not self.accelerator.is_main_process)
             for index, record in enumerate(answers):
-                first = len(record["prompt_ids"])
-                length = min(len(record["prompt_ids"]) + len(record["response_ids"]), self.config.max_length)
-                anchors = list(range(first, min(first + tokens, length - self.unwrapped.block_size + 1)))
-                by_anchor: dict[str, list[int]] = {}
-                for start in range(0, len(anchors), chunk):
-                    batch = blocks_at([record], [anchors[start: start + chunk]], self.unwrapped.block_size,
-                                      self.config.max_length, record_ids=self._heldout_ids(index, 1))
-                    for path, lengths in self._acceptance_lengths(batch, mixed_precision=False).items():
-                        by_anchor.setdefault(path, []).extend(lengths.tolist())
+                by_anchor = self._acceptance_at_every_anchor(record, self._heldout_ids(index, 1)[0], tokens)
                 for path, lengths in by_anchor.items():
                     accepted.setdefault(path, []).extend(lengths[anchor] for anchor in decoding_anchors(lengths))
         return {path: sum(values) / len(values) for path, values in accepted.items() if values}
+
+    @torch.no_grad()
+    def _acceptance_at_every_anchor(
+        self, record: dict, record_id: int, tokens: int | None = None, mixed_precision: bool = False,
+    ) -> dict[str, list[int]]:
+        """Per path, the teacher-forced acceptance length of the block at every anchor from the answer's first token
+        on (index 0: that anchor), up to ``tokens`` tokens into the answer (default: all), blocks wholly inside the
+        sequence; the drafter in its own dtype, without autocast (as decoding runs it) unless ``mixed_precision``."""
+        block = self.unwrapped.block_size
+        first = len(record["prompt_ids"])
+        length = min(first + len(record["response_ids"]), self.config.max_length)
+        end = length - block + 1 if tokens is None else min(first + tokens, length - block + 1)
+        anchors = list(range(first, end))
+        chunk = self.config.batch_size * self.config.blocks_per_sequence
+        by_anchor: dict[str, list[int]] = {}
+        for start in range(0, len(anchors), chunk):
+            batch = blocks_at([record], [anchors[start: start + chunk]], block, self.config.max_length,
+                              record_ids=[record_id])
+            for path, lengths in self._acceptance_lengths(batch, mixed_precision).items():
+                by_anchor.setdefault(path, []).extend(lengths.tolist())
+        return by_anchor
 
     @contextmanager
     def _evaluating(self):

@@ -189,6 +189,18 @@ def test_train_refuses_a_distill_weight_outside_zero_to_one_before_loading_the_t
         main(train_argv(str(tmp_path / "no-such-model"), data[0], tmp_path / "run", "--distill-weight", "2"))
 
 
+def test_train_takes_selector_blocks_at_decoding_anchors_when_asked_and_records_it(target, data, trained, tmp_path):
+    run(train_argv(target, data[0], tmp_path / "run", "--init-from", str(trained / "drafter"), "--selector-only",
+                   "--anchors", "decoding"))
+    record = json.loads((tmp_path / "run" / "drafter" / "training.json").read_text())
+    assert record["config"]["anchors"] == "decoding" and record["config"]["train_drafter"] is False
+
+
+def test_train_refuses_decoding_anchors_for_a_drafter_that_trains_before_loading_the_target(data, tmp_path):
+    with pytest.raises(SystemExit, match="needs a frozen drafter"):
+        main(train_argv(str(tmp_path / "no-such-model"), data[0], tmp_path / "run", "--anchors", "decoding"))
+
+
 def test_train_reads_several_data_folders_in_order_and_records_each(target, data, tmp_path):
     folder, _ = data
     run(train_argv(target, [folder, folder], tmp_path / "run", "--heldout-fraction", "0.34"))

@@ -1,6 +1,7 @@
 """Training recipe: loss goes down, resuming is exact, the selector loss and block masks are right, data parsing
 survives truncated files."""
 
+import copy
 import json
 
 import pytest
@@ -58,10 +59,11 @@ def test_a_few_steps_reduce_drafter_and_selector_losses(target, records, tmp_pat
     assert sum(h["selector_loss"] for h in history[-5:]) < sum(h["selector_loss"] for h in history[:5])
 
 
-@pytest.mark.parametrize(("factorised", "selector_gold"), [(True, "insert"), (False, "skip")])
-def test_a_few_selector_steps_reduce_the_selector_loss(target, records, tmp_path, factorised, selector_gold):
+@pytest.mark.parametrize(("factorised", "selector_gold", "anchors"),
+                         [(True, "insert", "random"), (False, "skip", "random"), (False, "insert", "decoding")])
+def test_a_few_selector_steps_reduce_the_selector_loss(target, records, tmp_path, factorised, selector_gold, anchors):
     run = trainer(target, records, tmp_path, steps=40, drafter=new_drafter(selector_factorised=factorised),
-                  train_drafter=False, learning_rate=1e-2, selector_gold=selector_gold)  # only the selector learns
+                  train_drafter=False, learning_rate=1e-2, selector_gold=selector_gold, anchors=anchors)  # only the selector learns
 
     def selector_loss_on_fixed_batches() -> float:
         with torch.no_grad():
@@ -125,6 +127,13 @@ def test_an_unknown_selector_gold_setting_is_refused():
 def test_a_distill_weight_outside_zero_to_one_is_refused():
     with pytest.raises(ValueError, match="distill_weight"):
         TrainingConfig(output_dir="unused", distill_weight=1.5)
+
+
+def test_decoding_anchors_need_a_frozen_drafter():
+    with pytest.raises(ValueError, match="needs a frozen drafter"):
+        TrainingConfig(output_dir="unused", anchors="decoding")
+    with pytest.raises(ValueError, match="anchors must be"):
+        TrainingConfig(output_dir="unused", anchors="middle", train_drafter=False)
 
 
 def test_soft_labels_are_the_targets_own_next_token_logits_at_each_drafted_position(target, records, tmp_path):
@@ -350,6 +359,31 @@ def test_decoding_anchor_acceptance_is_what_greedy_decoding_accepts(greedy_memor
             anchor += length
     assert sum(decoded) / len(decoded) > 1.0  # some blocks were partly accepted
     assert run.heldout_decoding_acceptance()[path] == pytest.approx(sum(decoded) / len(decoded))
+
+
+def test_decoding_anchor_blocks_start_where_greedy_decoding_with_the_argmax_path_drafts(
+    greedy_memorising_run, target, tmp_path, one_thread
+):
+    frozen = copy.deepcopy(greedy_memorising_run.unwrapped)
+    run = trainer(target, greedy_memorising_run.records, tmp_path, steps=1, drafter=frozen, train_drafter=False,
+                  anchors="decoding", blocks_per_sequence=64)  # room for every anchor an answer visits
+    batch, block = run.batch_for_step(0), frozen.block_size
+    drafter = copy.deepcopy(frozen).eval()
+    for row, record_id in enumerate(batch.record_ids):
+        record = run.records[record_id]
+        prompt = torch.tensor([record["prompt_ids"]])
+        target.generate(prompt, max_new_tokens=len(record["response_ids"]), do_sample=False, assistant_model=drafter,
+                        dflash_path="argmax")
+        visited, anchor = [], len(record["prompt_ids"])
+        last = len(record["prompt_ids"]) + len(record["response_ids"]) - block  # blocks wholly inside the answer
+        for length in drafter.last_generation_stats.acceptance_lengths:
+            if anchor > last:
+                break
+            visited.append(anchor)
+            anchor += length
+        chosen = sorted(a for a in batch.anchors[row].tolist() if a >= 0)
+        assert chosen == visited
+        assert any(later - earlier > 1 for earlier, later in zip(chosen, chosen[1:])), "some blocks were skipped over"
 
 
 def test_heldout_acceptance_of_a_dflash_v1_drafter_has_the_argmax_path_only(target, records, tmp_path):
