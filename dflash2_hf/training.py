@@ -413,7 +413,7 @@ class DrafterTrainer:
             exact = self.target.dtype == torch.float32
             with self._evaluating():
                 lengths = self._acceptance_at_every_anchor(record, record_id, mixed_precision=not exact)
-            lengths = lengths[PathStrategy.ARGMAX.value]
+            lengths = lengths.get(PathStrategy.ARGMAX.value, [])  # none: the answer is shorter than a block
             first = len(record["prompt_ids"])
             self.visited_anchors[record_id] = [first + anchor for anchor in decoding_anchors(lengths)]
         return self.visited_anchors[record_id]

@@ -386,6 +386,13 @@ def test_decoding_anchor_blocks_start_where_greedy_decoding_with_the_argmax_path
         assert any(later - earlier > 1 for earlier, later in zip(chosen, chosen[1:])), "some blocks were skipped over"
 
 
+def test_an_answer_shorter_than_a_block_gets_no_decoding_anchor_blocks(target, records, tmp_path):
+    short = [{"prompt_ids": record["prompt_ids"], "response_ids": record["response_ids"][:2]} for record in records]
+    run = trainer(target, short, tmp_path, steps=1, train_drafter=False, anchors="decoding")
+    batch = run.batch_for_step(0)
+    assert (batch.anchors == -1).all() and (batch.labels == IGNORE).all()
+
+
 def test_heldout_acceptance_of_a_dflash_v1_drafter_has_the_argmax_path_only(target, records, tmp_path):
     run = trainer(target, records, tmp_path, steps=1, heldout_fraction=0.5, drafter=new_drafter("dflash"))
     assert set(run.heldout_acceptance()) == {"argmax"}
