@@ -191,7 +191,7 @@ def test_train_refuses_a_distill_weight_outside_zero_to_one_before_loading_the_t
 
 def test_train_takes_selector_blocks_at_decoding_anchors_when_asked_and_records_it(target, data, trained, tmp_path):
     run(train_argv(target, data[0], tmp_path / "run", "--init-from", str(trained / "drafter"), "--selector-only",
-                   "--anchors", "decoding"))
+                   "--anchors", "decoding", "--heldout-fraction", "0.34"))
     record = json.loads((tmp_path / "run" / "drafter" / "training.json").read_text())
     assert record["config"]["anchors"] == "decoding" and record["config"]["train_drafter"] is False
 

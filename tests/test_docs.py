@@ -395,6 +395,17 @@ DOCUMENTED_COMMANDS = {
         "tests/test_cli.py::test_heldout_gives_the_teacher_forced_acceptance_of_argmax_and_the_selector_walk",
     "dflash2-hf evaluate DRAFTER --paths argmax greedy --temperatures 0 --prompts 4 --max-new-tokens 128":
         "tests/test_cli.py::test_evaluate_writes_the_acceptance_of_every_path_and_temperature",
+    # docs/training.md: the selector fine-tuned at the anchors decoding visits (the tiny target's 3-step drafter, 3
+    # selector-only steps), measured teacher-forced at those anchors and by decoding.
+    "dflash2-hf train --data runs/smollm2-data --out runs/sel/decoding --init-from dflash2_hf/drafters/smollm2-135m "
+    "--selector-only --anchors decoding --steps 200 --batch-size 4 --blocks 24 --lr 1e-3 --warmup 20 "
+    "--checkpoint-every 100 --heldout-fraction 0.5":
+        "tests/test_cli.py::test_train_takes_selector_blocks_at_decoding_anchors_when_asked_and_records_it",
+    "dflash2-hf heldout runs/sel/decoding/drafter --data runs/smollm2-data --heldout-fraction 0.5 --anchors decoding":
+        "tests/test_cli.py::test_heldout_can_follow_the_anchors_greedy_decoding_visits",
+    "dflash2-hf evaluate runs/sel/decoding/drafter --paths argmax greedy --temperatures 0 --prompts 4 "
+    "--max-new-tokens 128":
+        "tests/test_cli.py::test_evaluate_writes_the_acceptance_of_every_path_and_temperature",
     # docs/results.md: the CPU options probe, on 8 new tokens, one thread and the options that need no compilation.
     "python scripts/cpu_options_probe.py --dtype float32 --threads 2 --out docs/results/cpu-options-float32.json":
         "tests/test_scripts.py::test_cpu_options_probe_times_each_option_against_eager_and_checks_the_tokens",
