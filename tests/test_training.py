@@ -63,7 +63,8 @@ def test_a_few_steps_reduce_drafter_and_selector_losses(target, records, tmp_pat
                          [(True, "insert", "random"), (False, "skip", "random"), (False, "insert", "decoding")])
 def test_a_few_selector_steps_reduce_the_selector_loss(target, records, tmp_path, factorised, selector_gold, anchors):
     run = trainer(target, records, tmp_path, steps=40, drafter=new_drafter(selector_factorised=factorised),
-                  train_drafter=False, learning_rate=1e-2, selector_gold=selector_gold, anchors=anchors)  # only the selector learns
+                  train_drafter=False, learning_rate=1e-2, selector_gold=selector_gold,
+                  anchors=anchors)  # only the selector learns
 
     def selector_loss_on_fixed_batches() -> float:
         with torch.no_grad():
