@@ -412,7 +412,8 @@ class DrafterTrainer:
             record = self.records[record_id]
             exact = self.target.dtype == torch.float32
             with self._evaluating():
-                lengths = self._acceptance_at_every_anchor(record, record_id, mixed_precision=not exact)
+                lengths = self._acceptance_at_every_anchor(record, record_id, mixed_precision=not exact,
+                                                           argmax_only=True)
             lengths = lengths.get(PathStrategy.ARGMAX.value, [])  # none: the answer is shorter than a block
             first = len(record["prompt_ids"])
             self.visited_anchors[record_id] = [first + anchor for anchor in decoding_anchors(lengths)]
@@ -563,10 +564,12 @@ class DrafterTrainer:
     @torch.no_grad()
     def _acceptance_at_every_anchor(
         self, record: dict, record_id: int, tokens: int | None = None, mixed_precision: bool = False,
+        argmax_only: bool = False,
     ) -> dict[str, list[int]]:
         """Per path, the teacher-forced acceptance length of the block at every anchor from the answer's first token
         on (index 0: that anchor), up to ``tokens`` tokens into the answer (default: all), blocks wholly inside the
-        sequence; the drafter in its own dtype, without autocast (as decoding runs it) unless ``mixed_precision``."""
+        sequence; the drafter in its own dtype, without autocast (as decoding runs it) unless ``mixed_precision``;
+        the argmax path alone when ``argmax_only`` (no selector walk)."""
         block = self.unwrapped.block_size
         first = len(record["prompt_ids"])
         length = min(first + len(record["response_ids"]), self.config.max_length)
@@ -577,7 +580,7 @@ class DrafterTrainer:
         for start in range(0, len(anchors), chunk):
             batch = blocks_at([record], [anchors[start: start + chunk]], block, self.config.max_length,
                               record_ids=[record_id])
-            for path, lengths in self._acceptance_lengths(batch, mixed_precision).items():
+            for path, lengths in self._acceptance_lengths(batch, mixed_precision, argmax_only).items():
                 by_anchor.setdefault(path, []).extend(lengths.tolist())
         return by_anchor
 
@@ -596,19 +599,25 @@ class DrafterTrainer:
         """Feature-cache keys of held-out records ``start .. start + count - 1`` (negative: apart from training's)."""
         return [-1 - i for i in range(start, start + count)]
 
-    def _acceptance_lengths(self, batch: BlockBatch, mixed_precision: bool = True) -> dict[str, torch.Tensor]:
+    def _acceptance_lengths(
+        self, batch: BlockBatch, mixed_precision: bool = True, argmax_only: bool = False,
+    ) -> dict[str, torch.Tensor]:
         """Per path, the teacher-forced acceptance length of each of the batch's blocks that lies wholly inside its
-        sequence (1 + the drafted prefix matching the labels), in block order."""
+        sequence (1 + the drafted prefix matching the labels), in block order; the argmax path alone when
+        ``argmax_only``."""
         hidden, logits, labels = self._forward(batch, mixed_precision)
         full = (labels[:, 1:] != IGNORE).all(-1)
-        paths = self._heldout_paths(hidden[full], logits[full], labels[full, 0])
+        paths = self._heldout_paths(hidden[full], logits[full], labels[full, 0], walk_selector=not argmax_only)
         return {path: 1 + (drafted == labels[full, 1:]).long().cumprod(-1).sum(-1) for path, drafted in paths.items()}
 
-    def _heldout_paths(self, hidden: torch.Tensor, logits: torch.Tensor, anchors: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Drafted tokens ``[N, B-1]`` of the argmax path and, with a selector, of the greedy lattice walk."""
+    def _heldout_paths(
+        self, hidden: torch.Tensor, logits: torch.Tensor, anchors: torch.Tensor, walk_selector: bool = True,
+    ) -> dict[str, torch.Tensor]:
+        """Drafted tokens ``[N, B-1]`` of the argmax path and, with a selector (unless ``walk_selector`` is off),
+        of the greedy lattice walk."""
         paths = {PathStrategy.ARGMAX.value: logits.argmax(-1)}
         selector = self.unwrapped.candidate_selector
-        if selector is not None:
+        if selector is not None and walk_selector:
             lattice = build_lattice(logits, anchors, selector.top_k)
             score_lattice(lattice, selector, hidden.float(), self.target.get_input_embeddings().weight)
             paths[PathStrategy.GREEDY.value] = lattice.tokens(select_path(lattice, PathStrategy.GREEDY))
