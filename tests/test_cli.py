@@ -184,6 +184,14 @@ def test_train_distills_from_the_target_distribution_when_asked_and_records_the_
     assert record["config"]["distill_weight"] == 0.5
 
 
+def test_train_continues_a_drafter_on_soft_labels_without_a_heldout_set(target, data, trained, tmp_path):
+    run(train_argv(target, data[0], tmp_path / "run", "--init-from", str(trained / "drafter"), "--distill-weight", "1",
+                   "--heldout-fraction", "0"))
+    record = json.loads((tmp_path / "run" / "drafter" / "training.json").read_text())
+    assert record["config"]["distill_weight"] == 1.0 and record["config"]["heldout_fraction"] == 0.0
+    assert record["started_from"] == json.loads((trained / "drafter" / "training.json").read_text())
+
+
 def test_train_refuses_a_distill_weight_outside_zero_to_one_before_loading_the_target(data, tmp_path):
     with pytest.raises(SystemExit, match="distill_weight must be between 0 and 1, got 2.0"):
         main(train_argv(str(tmp_path / "no-such-model"), data[0], tmp_path / "run", "--distill-weight", "2"))

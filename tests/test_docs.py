@@ -395,6 +395,17 @@ DOCUMENTED_COMMANDS = {
         "tests/test_cli.py::test_heldout_gives_the_teacher_forced_acceptance_of_argmax_and_the_selector_walk",
     "dflash2-hf evaluate DRAFTER --paths argmax greedy --temperatures 0 --prompts 4 --max-new-tokens 128":
         "tests/test_cli.py::test_evaluate_writes_the_acceptance_of_every_path_and_temperature",
+    # docs/training.md: the shipped drafter continued on the rest of the pool's replies, soft labels only.
+    "dflash2-hf data --target smollm2-135m --out runs/sg-existing-12k --exclude-data runs/smollm2-existing "
+    "--limit 12000 --existing-responses --max-new-tokens 256":
+        "tests/test_cli.py::test_data_existing_responses_leave_out_the_prompts_of_an_earlier_folder",
+    "dflash2-hf train --data runs/smollm2-existing runs/sg-existing-12k --out runs/cont-distill --init-from "
+    "dflash2_hf/drafters/smollm2-135m --distill-weight 1 --steps 900 --batch-size 4 --blocks 24 --lr 1e-3 --warmup 50 "
+    "--checkpoint-every 150 --heldout-fraction 0":
+        "tests/test_cli.py::test_train_continues_a_drafter_on_soft_labels_without_a_heldout_set",
+    "dflash2-hf evaluate runs/cont-distill/drafter --paths argmax greedy --temperatures 0 1 --prompts 8 "
+    "--max-new-tokens 128":
+        "tests/test_cli.py::test_evaluate_writes_the_acceptance_of_every_path_and_temperature",
     # docs/training.md: the selector fine-tuned at the anchors decoding visits (the tiny target's 3-step drafter, 3
     # selector-only steps), measured teacher-forced at those anchors and by decoding.
     "dflash2-hf train --data runs/smollm2-data --out runs/sel/decoding --init-from dflash2_hf/drafters/smollm2-135m "
