@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -32,21 +33,30 @@ def read_data(folders: list[str], command: str) -> list[list[dict]]:
 def make_data(args: argparse.Namespace) -> None:
     """Answer training prompts with the target, or take the chat files' own replies (resumable)."""
     from . import data
+    from .code_prompts import code_conversations
     from .presets import load_target
 
+    if args.code_prompts is not None and (args.chat_file or args.existing_responses):
+        raise SystemExit("dflash2-hf data: --code-prompts makes its own prompts, which have no replies; it takes "
+                         "neither --chat-file nor --existing-responses.")
+    try:
+        code = code_conversations(args.code_prompts) if args.code_prompts is not None else None
+    except FileNotFoundError as error:
+        raise SystemExit(f"dflash2-hf data: --code-prompts: {error}") from None
     answered = [record["prompt"] for folder in read_data(args.exclude_data or [], "data") for record in folder]
     target, tokenizer = load_target(args.target, dtype=torch.bfloat16)
-    evaluation = data.evaluation_prompts()
     sources = args.chat_file or [data.sharegpt_path()]
-    conversations = (c for source in sources for c in data.iter_conversations(source))
-    held_out = [] if args.chat_file else data.sharegpt_benchmark_prompts()  # `bench --prompts sharegpt` takes these
+    conversations = code if code is not None else (c for source in sources for c in data.iter_conversations(source))
+    from_sharegpt = code is None and not args.chat_file
+    held_out = data.sharegpt_benchmark_prompts() if from_sharegpt else []  # `bench --prompts sharegpt` takes these
     replies = {} if args.existing_responses else None
     prompts = data.training_prompts(conversations, args.limit * 4, max_chars=args.max_prompt_chars,
-                                    exclude=evaluation["humaneval"] + evaluation["mtbench"] + held_out, replies=replies,
+                                    exclude=data.excluded_from_training() + held_out, replies=replies,
                                     answered=answered)
     prompts = data.mixed_prompts(prompts)[: args.limit]
     if replies is None:
         settings = data.ResponseGenerator.settings_for(args.target, prompts, args.max_new_tokens, args.temperature)
+        settings = dataclasses.replace(settings, prompts="code") if code is not None else settings
         generator = data.ResponseGenerator(target, tokenizer, args.out, settings, batch_size=args.batch_size)
     else:
         settings = data.ExistingResponses.settings_for(args.target, prompts, args.max_new_tokens)
@@ -319,6 +329,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     make.add_argument("--batch-size", type=int, default=16)
     make.add_argument("--exclude-data", nargs="+", metavar="FOLDER",
                       help="leave out prompts already answered in these data folders (grow a data set in a new folder)")
+    make.add_argument("--code-prompts", nargs="*", metavar="DIR",
+                      help="instead of chat prompts, HumanEval-style requests to complete each documented function of "
+                           "the Python sources under these folders (none given: the standard library)")
     make.add_argument("--existing-responses", action="store_true",
                       help="train on the chat files' own replies instead of the target's answers (no generation)")
     fit = commands.add_parser("train", help="train a DFlash 2 drafter on responses made by `dflash2-hf data`")

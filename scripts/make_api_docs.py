@@ -26,6 +26,7 @@ MODULES = [
     "decoding",
     "training",
     "data",
+    "code_prompts",
     "evaluation",
     "benchmark",
     "reference_peer",

@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 
 from dflash2_hf import DFlash2DraftModel, DFlashDraftModel
 from dflash2_hf.cli import main
+from dflash2_hf.code_prompts import code_request
 from dflash2_hf.data import describe_data, read_responses
 from dflash2_hf.presets import SMOLLM2_135M
 
@@ -488,6 +489,31 @@ def test_data_exclude_data_answers_only_prompts_the_earlier_folder_lacks(target,
          "--batch-size", "2", "--max-new-tokens", "4", "--exclude-data", str(folder)])
     earlier = {r["prompt"] for r in read_responses(folder)}
     assert [r["prompt"] for r in read_responses(tmp_path / "more")] == [c for c in CHAT if c not in earlier]
+
+
+def test_data_code_prompts_asks_the_target_to_complete_each_documented_function(target, tmp_path):
+    sources = tmp_path / "sources"
+    sources.mkdir()
+    (sources / "geometry.py").write_text('def area(r):\n    """Circle area."""\n\n\ndef side(a):\n    """Square side."""\n')
+    out = tmp_path / "out"
+    printed = run(["data", "--target", target, "--code-prompts", str(sources), "--out", str(out), "--limit", "5",
+                   "--batch-size", "2", "--max-new-tokens", "4"])
+    assert printed.strip() == f"2 prompts answered in {out}"
+    assert sorted(r["prompt"] for r in read_responses(out)) == [
+        code_request('def area(r):\n    """Circle area."""\n'), code_request('def side(a):\n    """Square side."""\n')]
+    assert describe_data(out, 2).startswith("2 responses written by the target itself (greedy, up to 4 new tokens) to "
+                                            "requests to complete documented Python functions (`--code-prompts`)")
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--chat-file", "chat.jsonl"], "takes neither --chat-file nor --existing-responses"),
+    (["--existing-responses"], "takes neither --chat-file nor --existing-responses"),
+    ([], "is not a folder of Python sources"),
+])
+def test_data_code_prompts_refuses_bad_input_before_loading_the_target(tmp_path, extra, message):
+    with pytest.raises(SystemExit, match=message):
+        main(["data", "--target", str(tmp_path / "no-such-model"), "--out", str(tmp_path / "out"),
+              "--code-prompts", str(tmp_path / "no-such-folder"), *extra])
 
 
 def test_data_never_answers_the_sharegpt_prompts_benchmarks_hold_out(target, tmp_path, monkeypatch):

@@ -395,6 +395,10 @@ DOCUMENTED_COMMANDS = {
         "tests/test_cli.py::test_heldout_gives_the_teacher_forced_acceptance_of_argmax_and_the_selector_walk",
     "dflash2-hf evaluate DRAFTER --paths argmax greedy --temperatures 0 --prompts 4 --max-new-tokens 128":
         "tests/test_cli.py::test_evaluate_writes_the_acceptance_of_every_path_and_temperature",
+    # docs/training.md: code prompts from the standard library (the test: a folder of two documented functions).
+    "dflash2-hf data --target smollm2-135m --code-prompts --out runs/smollm2-code --limit 6000 --batch-size 24 "
+    "--max-new-tokens 256":
+        "tests/test_cli.py::test_data_code_prompts_asks_the_target_to_complete_each_documented_function",
     # docs/training.md: the shipped drafter continued on the rest of the pool's replies, soft labels only.
     "dflash2-hf data --target smollm2-135m --out runs/sg-existing-12k --exclude-data runs/smollm2-existing "
     "--limit 12000 --existing-responses --max-new-tokens 256":
