@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
-import dataclasses
 from pathlib import Path
 
 import torch

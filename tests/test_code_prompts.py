@@ -40,13 +40,15 @@ class Shape:
 
 
 def test_a_stub_is_the_signature_and_docstring_without_the_body():
-    assert function_stubs(SOURCE)[0] == 'def area(radius: float) -> float:\n    """The area of a circle of this radius."""\n'
+    expected = 'def area(radius: float) -> float:\n    """The area of a circle of this radius."""\n'
+    assert function_stubs(SOURCE)[0] == expected
 
 
 def test_documented_public_functions_and_methods_give_stubs_others_do_not():
     stubs = function_stubs(SOURCE)
-    assert [stub.splitlines()[0] for stub in stubs] == ["def area(radius: float) -> float:", "def scaled(self, factor):"]
-    assert stubs[1].endswith('\n\n    Negative factors mirror it.\n    """\n'), "the method is dedented, docstring whole"
+    first_lines = [stub.splitlines()[0] for stub in stubs]
+    assert first_lines == ["def area(radius: float) -> float:", "def scaled(self, factor):"]
+    assert stubs[1].endswith('\n\n    Negative factors mirror it.\n    """\n'), "dedented, the docstring whole"
 
 
 def test_a_file_that_does_not_parse_gives_no_stubs():
@@ -60,8 +62,9 @@ def test_each_conversation_asks_for_one_stub_as_humaneval_is_asked(tmp_path):
     assert all(len(c) == 1 and c[0]["role"] == "user" for c in conversations)
     tokenizer = SMOLLM2_135M.load_tokenizer()
     problem = evaluation_prompts()["humaneval"][0]
-    asked = tokenizer.apply_chat_template([{"role": "user", "content": code_request(problem)}],
-                                          add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    turn = [{"role": "user", "content": code_request(problem)}]
+    asked = tokenizer.apply_chat_template(turn, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    asked = asked["input_ids"]
     assert asked.tolist() == chat_inputs(tokenizer, "humaneval", problem).tolist(), "evaluation asks the same way"
 
 
@@ -70,7 +73,8 @@ def test_the_order_is_a_seeded_shuffle_over_the_sources(tmp_path):
         (tmp_path / f"module_{index:02d}.py").write_text(f'def f{index}():\n    """Number {index}."""\n')
     first = [c[0]["content"] for c in code_conversations([tmp_path], seed=0)]
     assert first == [c[0]["content"] for c in code_conversations([tmp_path], seed=0)]
-    assert first != sorted(first) and sorted(first) == sorted(c[0]["content"] for c in code_conversations([tmp_path], seed=1))
+    other_seed = [c[0]["content"] for c in code_conversations([tmp_path], seed=1)]
+    assert first != sorted(first) and first != other_seed and sorted(first) == sorted(other_seed)
 
 
 def test_the_default_source_is_the_standard_library_without_installed_packages():
