@@ -45,8 +45,11 @@ def make_data(args: argparse.Namespace) -> None:
         raise SystemExit(f"dflash2-hf data: --code-prompts: {error}") from None
     answered = [record["prompt"] for folder in read_data(args.exclude_data or [], "data") for record in folder]
     target, tokenizer = load_target(args.target, dtype=torch.bfloat16)
-    sources = args.chat_file or [data.sharegpt_path()]
-    conversations = code if code is not None else (c for source in sources for c in data.iter_conversations(source))
+    if code is not None:
+        conversations = code
+    else:
+        sources = args.chat_file or [data.sharegpt_path()]
+        conversations = (c for source in sources for c in data.iter_conversations(source))
     from_sharegpt = code is None and not args.chat_file
     held_out = data.sharegpt_benchmark_prompts() if from_sharegpt else []  # `bench --prompts sharegpt` takes these
     replies = {} if args.existing_responses else None

@@ -492,7 +492,13 @@ def test_data_exclude_data_answers_only_prompts_the_earlier_folder_lacks(target,
     assert [r["prompt"] for r in read_responses(tmp_path / "more")] == [c for c in CHAT if c not in earlier]
 
 
-def test_data_code_prompts_asks_the_target_to_complete_each_documented_function(target, tmp_path):
+def test_data_code_prompts_asks_the_target_to_complete_each_documented_function(target, tmp_path, monkeypatch):
+    from dflash2_hf import data
+
+    def no_chat_data():
+        raise AssertionError("code prompts need no chat data")
+
+    monkeypatch.setattr(data, "sharegpt_path", no_chat_data)
     sources = tmp_path / "sources"
     sources.mkdir()
     area, side = 'def area(r):\n    """Circle area."""\n', 'def side(a):\n    """Square side."""\n'
