@@ -399,6 +399,9 @@ DOCUMENTED_COMMANDS = {
     "dflash2-hf data --target smollm2-135m --code-prompts --out runs/smollm2-code --limit 6000 --batch-size 24 "
     "--max-new-tokens 256":
         "tests/test_cli.py::test_data_code_prompts_asks_the_target_to_complete_each_documented_function",
+    "dflash2-hf heldout dflash2_hf/drafters/smollm2-135m --data runs/smollm2-code --heldout-fraction 0.2 "
+    "--anchors decoding":
+        "tests/test_cli.py::test_heldout_can_follow_the_anchors_greedy_decoding_visits",
     # docs/training.md: the shipped drafter continued on the rest of the pool's replies, soft labels only.
     "dflash2-hf data --target smollm2-135m --out runs/sg-existing-12k --exclude-data runs/smollm2-existing "
     "--limit 12000 --existing-responses --max-new-tokens 256":
