@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -46,20 +45,19 @@ def make_data(args: argparse.Namespace) -> None:
     answered = [record["prompt"] for folder in read_data(args.exclude_data or [], "data") for record in folder]
     target, tokenizer = load_target(args.target, dtype=torch.bfloat16)
     if code is not None:
-        conversations = code
+        conversations, held_out = code, []
     else:
         sources = args.chat_file or [data.sharegpt_path()]
         conversations = (c for source in sources for c in data.iter_conversations(source))
-    from_sharegpt = code is None and not args.chat_file
-    held_out = data.sharegpt_benchmark_prompts() if from_sharegpt else []  # `bench --prompts sharegpt` takes these
+        held_out = [] if args.chat_file else data.sharegpt_benchmark_prompts()  # `bench --prompts sharegpt` takes these
     replies = {} if args.existing_responses else None
     prompts = data.training_prompts(conversations, args.limit * 4, max_chars=args.max_prompt_chars,
                                     exclude=data.excluded_from_training() + held_out, replies=replies,
                                     answered=answered)
     prompts = data.mixed_prompts(prompts)[: args.limit]
     if replies is None:
-        settings = data.ResponseGenerator.settings_for(args.target, prompts, args.max_new_tokens, args.temperature)
-        settings = dataclasses.replace(settings, prompts="code") if code is not None else settings
+        settings = data.ResponseGenerator.settings_for(args.target, prompts, args.max_new_tokens, args.temperature,
+                                                       kind="code" if code is not None else "chat")
         generator = data.ResponseGenerator(target, tokenizer, args.out, settings, batch_size=args.batch_size)
     else:
         settings = data.ExistingResponses.settings_for(args.target, prompts, args.max_new_tokens)

@@ -197,9 +197,12 @@ class ResponseGenerator:
         self.batch_size = batch_size
 
     @staticmethod
-    def settings_for(target_name: str, prompts: list[str], max_new_tokens: int, temperature: float) -> GenerationSettings:
+    def settings_for(
+        target_name: str, prompts: list[str], max_new_tokens: int, temperature: float, kind: str = "chat",
+    ) -> GenerationSettings:
+        """The settings of answering ``prompts`` (``kind``: "chat" or "code", what the prompts are)."""
         digest = hashlib.sha256("\n\0".join(prompts).encode()).hexdigest()
-        return GenerationSettings(target_name, max_new_tokens, temperature > 0, temperature, digest)
+        return GenerationSettings(target_name, max_new_tokens, temperature > 0, temperature, digest, prompts=kind)
 
     def _check_manifest(self) -> None:
         manifest = self.folder / "manifest.json"
