@@ -413,6 +413,19 @@ DOCUMENTED_COMMANDS = {
     "dflash2-hf evaluate runs/cont-distill/drafter --paths argmax greedy --temperatures 0 1 --prompts 8 "
     "--max-new-tokens 128":
         "tests/test_cli.py::test_evaluate_writes_the_acceptance_of_every_path_and_temperature",
+    # docs/training.md: the shipped drafter continued on code answers (with the chat answers at hand).
+    "dflash2-hf train --data runs/smollm2-data runs/smollm2-data4 runs/smollm2-code --out runs/stage4 --init-from "
+    "dflash2_hf/drafters/smollm2-135m --steps 600 --batch-size 4 --blocks 24 --lr 1e-3 --warmup 50 "
+    "--checkpoint-every 150":
+        "tests/test_cli.py::test_train_continues_a_drafter_on_soft_labels_without_a_heldout_set",
+    "dflash2-hf heldout dflash2_hf/drafters/smollm2-135m --data runs/smollm2-data runs/smollm2-data4 runs/smollm2-code "
+    "--heldout-fraction 0.05":
+        "tests/test_cli.py::test_heldout_gives_the_teacher_forced_acceptance_of_argmax_and_the_selector_walk",
+    "dflash2-hf heldout dflash2_hf/drafters/smollm2-135m --data runs/smollm2-data runs/smollm2-data4 runs/smollm2-code "
+    "--heldout-fraction 0.05 --anchors decoding":
+        "tests/test_cli.py::test_heldout_can_follow_the_anchors_greedy_decoding_visits",
+    "dflash2-hf evaluate runs/stage4/drafter --paths argmax greedy --temperatures 0 1 --prompts 8 --max-new-tokens 128":
+        "tests/test_cli.py::test_evaluate_writes_the_acceptance_of_every_path_and_temperature",
     # docs/training.md: the selector fine-tuned at the anchors decoding visits (the tiny target's 3-step drafter, 3
     # selector-only steps), measured teacher-forced at those anchors and by decoding.
     "dflash2-hf train --data runs/smollm2-data --out runs/sel/decoding --init-from dflash2_hf/drafters/smollm2-135m "
