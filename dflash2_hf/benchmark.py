@@ -60,13 +60,15 @@ class Method:
 def standard_methods(
     drafter, paths=("argmax",) + SELECTOR_PATHS, assistant=None, prompt_lookup: int = 10,
     block_sizes: list[int] | None = None, cycle_cost=None, tree_nodes: list[int] | None = None,
+    lookup_tokens: list[int] | None = None,
 ) -> list[Method]:
     """Plain decoding, prompt lookup, transformers' built-in DFlash on our drafter, ours per path (one whole path
     each, even for a drafter whose config defaults to a tree; per verified block size when several are given: names
     end in ``b<size>``), and classic assisted generation when a small draft LM is given. With a ``cycle_cost``
     (:class:`~dflash2_hf.block_length.CycleCost`), each of ours also runs with the cost-aware block length (names end
     in ``adaptive``), and with ``tree_nodes`` once per token-tree size (names end in ``tree<N>``; with a cost also
-    cost-sized: ``tree<N> adaptive``)."""
+    cost-sized: ``tree<N> adaptive``; with ``lookup_tokens``, each tree also with a context-lookup branch of up to
+    ``L`` tokens: ``tree<N> lookup<L>``)."""
     methods = [Method("plain"), Method("prompt lookup", {"prompt_lookup_num_tokens": prompt_lookup})]
     if assistant is not None:
         methods.append(Method("assisted (draft LM)", {"assistant_model": assistant}))
@@ -84,8 +86,11 @@ def standard_methods(
                 if cycle_cost is not None:
                     methods.append(Method(f"dflash2 {path}{suffix} adaptive", kwargs | {"dflash_adaptive_block": cycle_cost}))
                 for nodes in tree_nodes or []:
-                    tree = kwargs | {"dflash_tree_nodes": nodes}
+                    tree = kwargs | {"dflash_tree_nodes": nodes, "dflash_lookup_tokens": 0}
                     methods.append(Method(f"dflash2 {path}{suffix} tree{nodes}", tree))
+                    for length in lookup_tokens or []:
+                        methods.append(Method(f"dflash2 {path}{suffix} tree{nodes} lookup{length}",
+                                              tree | {"dflash_lookup_tokens": length}))
                     if cycle_cost is not None:
                         methods.append(Method(f"dflash2 {path}{suffix} tree{nodes} adaptive",
                                               tree | {"dflash_adaptive_block": cycle_cost}))

@@ -144,13 +144,16 @@ def evaluate(args: argparse.Namespace) -> None:
     dtype = getattr(torch, args.dtype)
     target, tokenizer = load_target(args.target, dtype=dtype)
     drafter = DFlashDraftModel.from_pretrained(args.drafter, dtype=dtype).eval()
+    options = {"dflash_tree_nodes": args.tree_nodes, "dflash_lookup_tokens": args.lookup_tokens}
     results = measure_acceptance(target, tokenizer, drafter, args.paths, args.temperatures, args.prompts,
-                                 max_new_tokens=args.max_new_tokens)
+                                 max_new_tokens=args.max_new_tokens,
+                                 dflash_kwargs={k: v for k, v in options.items() if v is not None})
     table = results_table(results)
     print(table)
     if args.out:
         record = {"command": args.command_line, "target": args.target, "drafter": args.drafter, "dtype": args.dtype,
-                  "max_new_tokens": args.max_new_tokens, "results": as_records(results)}
+                  "max_new_tokens": args.max_new_tokens, "tree_nodes": args.tree_nodes,
+                  "lookup_tokens": args.lookup_tokens, "results": as_records(results)}
         Path(args.out).write_text(json.dumps(record, indent=2))
 
 
@@ -207,7 +210,8 @@ def generate(args: argparse.Namespace) -> None:
     sampling = {"do_sample": True, "temperature": args.temperature, "top_p": args.top_p} if args.temperature > 0 else {"do_sample": False}
     settings = dict(max_new_tokens=args.max_new_tokens, **sampling)
     ours_kwargs = {"assistant_model": drafter, "dflash_path": args.path, "dflash_tree_nodes": args.tree_nodes,
-                   "dflash_adaptive_block": args.adaptive_block or None}  # unset: the drafter config's defaults
+                   "dflash_adaptive_block": args.adaptive_block or None,
+                   "dflash_lookup_tokens": args.lookup_tokens}  # unset: the drafter config's defaults
     # Warm both methods up (first-call allocations, lazy inits, the adaptive block's cost measurement) so neither
     # pays them inside its timing.
     target.generate(**inputs, **ours_kwargs, max_new_tokens=8, do_sample=False)
@@ -219,10 +223,12 @@ def generate(args: argparse.Namespace) -> None:
     ours_seconds = time.perf_counter() - started
     stats = drafter.last_generation_stats
     new_tokens = ours.shape[1] - inputs["input_ids"].shape[1]
-    options = DraftOptions.for_drafter(drafter, tree_nodes=args.tree_nodes, adaptive_block=args.adaptive_block or None)
+    options = DraftOptions.for_drafter(drafter, tree_nodes=args.tree_nodes, adaptive_block=args.adaptive_block or None,
+                                       lookup_tokens=args.lookup_tokens)
     mode = (f"tree of up to {options.tree_nodes}, sized by cost" if options.tree_nodes and options.adaptive_block
             else f"tree of {options.tree_nodes}" if options.tree_nodes
             else "adaptive block" if options.adaptive_block else f"one path of {options.block_size - 1}")
+    mode += f" + lookup of {options.lookup_tokens}" if options.lookup_tokens else ""
     print(f"\n--- dflash2 ({stats.path}, {mode}): {new_tokens} tokens, {new_tokens / ours_seconds:.1f} tok/s, "
           f"mean acceptance length {stats.mean_acceptance_length:.2f}")
     if args.no_baseline:
@@ -252,13 +258,16 @@ def bench(args: argparse.Namespace) -> None:
         check_per_source(args.prompts, args.per_source)
     except ValueError as error:
         raise SystemExit(f"dflash2-hf bench: {error}") from None
+    if args.lookup_tokens and not args.tree_nodes:
+        raise SystemExit("dflash2-hf bench: --lookup-tokens adds a branch to token trees; give --tree-nodes too.")
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     drafter_folder = None if args.no_drafter else args.drafter or default_drafter_folder(args.target)
     if args.reference_venv and drafter_folder is None:
         raise SystemExit("dflash2-hf bench: the reference peer drafts with our drafter; drop --no-drafter.")
     settings = {"target": args.target, "drafter": drafter_folder and str(drafter_folder),
-                "block_sizes": args.block_sizes, "tree_nodes": args.tree_nodes, "dtype": args.dtype, "threads": args.threads,
+                "block_sizes": args.block_sizes, "tree_nodes": args.tree_nodes, "lookup_tokens": args.lookup_tokens,
+                "dtype": args.dtype, "threads": args.threads,
                 "max_new_tokens": args.max_new_tokens, "prompts": args.prompts, "per_source": args.per_source}
     try:
         with ExitStack() as stack:
@@ -286,10 +295,12 @@ def bench(args: argparse.Namespace) -> None:
             cycle_cost = None
             if args.adaptive_block and drafter is not None:  # measured (or read) before any timed run
                 cycle_cost = cycle_cost_for(target, drafter, drafter.config.block_size,
-                                            longest_forward=max(args.tree_nodes or [0]) + 1)
+                                            longest_forward=max(args.tree_nodes or [0]) + max(args.lookup_tokens or [0])
+                                            + 1)
                 settings["cycle_cost"] = cycle_cost.to_json()
             methods = standard_methods(drafter, args.paths, assistant, block_sizes=args.block_sizes,
-                                       cycle_cost=cycle_cost, tree_nodes=args.tree_nodes)
+                                       cycle_cost=cycle_cost, tree_nodes=args.tree_nodes,
+                                       lookup_tokens=args.lookup_tokens)
             methods += [ReferenceMethod(peer)] if peer else []
             methods += [llama] if llama else []
             runs = Benchmark(target, methods, max_new_tokens=args.max_new_tokens).run(prompts, args.temperatures)
@@ -387,6 +398,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.add_argument("--prompts", type=int, default=10, help="prompts per benchmark")
     check.add_argument("--max-new-tokens", type=int, default=128)
     check.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    check.add_argument("--tree-nodes", type=int, help="token tree size (0: one path; default: the drafter's)")
+    check.add_argument("--lookup-tokens", type=int,
+                       help="context-lookup branch added to each tree (0: none; default: the drafter's)")
     check.add_argument("--out", help="write every figure and the command to this JSON file")
     held = commands.add_parser("heldout", help="teacher-forced acceptance on a data folder's held-out records")
     held.add_argument("drafter", help="drafter folder")
@@ -419,6 +433,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--adaptive-block", action="store_true",
                      help="verify each drafted path only as far as it pays on this machine (cost measured once, "
                           "cached); with --tree-nodes, size each tree that way, up to that many nodes")
+    run.add_argument("--lookup-tokens", type=int,
+                     help="add a branch of up to this many tokens copied from the context to each token tree "
+                          "(0: none; default: the drafter's)")
     measure = commands.add_parser("bench", help="benchmark every decoding method side by side")
     measure.add_argument("--target", default="smollm2-135m")
     measure.add_argument("--drafter", help="drafter folder (default: the one shipped for the preset)")
@@ -439,6 +456,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "(cost measured here first)")
     measure.add_argument("--tree-nodes", nargs="+", type=int, metavar="N",
                          help="also run each path with token trees of up to N drafted tokens (one method per N)")
+    measure.add_argument("--lookup-tokens", nargs="+", type=int, metavar="L",
+                         help="with --tree-nodes, also run each tree with a context-lookup branch of up to L tokens")
     measure.add_argument("--llama-cpp", action="store_true",
                          help="add llama.cpp's plain decoding of the preset's GGUF file (needs llama-cpp-python)")
     measure.add_argument("--no-drafter", action="store_true",

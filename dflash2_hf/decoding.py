@@ -144,7 +144,7 @@ class DFlashDecoder:
         """What decides how much of each drafted path (or tree) to verify: ``None`` verifies it whole."""
         if options.adaptive_block is False:
             return None
-        longest = max(options.block_size, options.tree_nodes + 1)  # tokens in the widest target forward
+        longest = max(options.block_size, options.tree_nodes + options.lookup_tokens + 1)  # the widest target forward
         if options.adaptive_block is True:
             return cycle_cost_for(self.target, self.drafter, options.block_size, longest_forward=longest)
         cost = options.adaptive_block

@@ -36,6 +36,9 @@ class DraftOptions:
             instead of one path (:mod:`dflash2_hf.tree`): greedy decoding takes the likeliest nodes, sampling merges
             independently drawn paths; 0 verifies one path. With ``adaptive_block`` the tree is sized per cycle by
             the cycle cost, up to this many nodes.
+        lookup_tokens: with a token tree, also verify up to this many tokens copied from the context, the ones that
+            followed the latest earlier occurrence of the last few tokens (:mod:`dflash2_hf.context_lookup`), as one
+            more branch of the tree; 0: none.
     """
 
     path: PathStrategy
@@ -44,6 +47,7 @@ class DraftOptions:
     record_drafts: bool = False
     adaptive_block: object = False
     tree_nodes: int = 0
+    lookup_tokens: int = 0
 
     @classmethod
     def for_drafter(
@@ -55,11 +59,13 @@ class DraftOptions:
         record_drafts: bool = False,
         adaptive_block: object = None,
         tree_nodes: int | None = None,
+        lookup_tokens: int | None = None,
     ) -> DraftOptions:
         """Resolve options: the call's value, else the drafter config's; validated.
 
         ``tree_nodes`` or ``adaptive_block`` set alone by the call drops the other's config default (a tree of that
-        size; one cost-cut path); set together they give a cost-sized tree.
+        size; one cost-cut path); set together they give a cost-sized tree. ``lookup_tokens`` needs a tree: set by
+        the call without one it is refused; the config's default applies to trees only.
         """
         config = drafter.config
         fallback = PathStrategy.GREEDY if config.is_dflash2 else PathStrategy.ARGMAX
@@ -88,8 +94,14 @@ class DraftOptions:
         tree_nodes = int(_first_set(tree_nodes, config.default_tree_nodes))
         if tree_nodes < 0:
             raise ValueError(f"tree_nodes must be >= 0 (0: one path), got {tree_nodes}.")
+        if lookup_tokens is not None and lookup_tokens < 0:
+            raise ValueError(f"lookup_tokens must be >= 0 (0: none), got {lookup_tokens}.")
+        if lookup_tokens and not tree_nodes:
+            raise ValueError("lookup_tokens adds a branch to a token tree; set tree_nodes > 0 as well (one path "
+                             "cannot carry a second guess).")
+        lookup_tokens = int(_first_set(lookup_tokens, config.default_lookup_tokens)) if tree_nodes else 0
         return cls(path=path, block_size=block_size, top_k=top_k, record_drafts=bool(record_drafts),
-                   adaptive_block=adaptive_block, tree_nodes=tree_nodes)
+                   adaptive_block=adaptive_block, tree_nodes=tree_nodes, lookup_tokens=lookup_tokens)
 
 
 def _first_set(*values):

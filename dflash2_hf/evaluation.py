@@ -64,6 +64,7 @@ class AcceptanceResult:
     cycles: int
     new_tokens: int
     mean_acceptance_length: float
+    mean_verified_tokens: float  # drafted tokens sent to the target per cycle (a tree's nodes, its lookup branch)
 
 
 def measure_acceptance(
@@ -75,8 +76,10 @@ def measure_acceptance(
     prompts_per_benchmark: int,
     max_new_tokens: int = 128,
     seed: int = 0,
+    dflash_kwargs: dict | None = None,
 ) -> list[AcceptanceResult]:
-    """Generate on the first ``prompts_per_benchmark`` prompts of each benchmark with every path and temperature."""
+    """Generate on the first ``prompts_per_benchmark`` prompts of each benchmark with every path and temperature
+    (``dflash_kwargs``: more ``dflash_*`` options for every call, e.g. ``{"dflash_lookup_tokens": 8}``)."""
     results = []
     benchmarks = {name: prompts[:prompts_per_benchmark] for name, prompts in evaluation_prompts().items()}
     total = sum(len(p) for p in benchmarks.values()) * len(paths) * len(temperatures)
@@ -85,15 +88,18 @@ def measure_acceptance(
         for temperature in temperatures:
             for path in paths:
                 lengths: list[int] = []
+                verified: list[int] = []
                 torch.manual_seed(seed)
                 for prompt in prompts:
                     sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
                     target.generate(chat_inputs(tokenizer, benchmark, prompt), max_new_tokens=max_new_tokens,
-                                    assistant_model=drafter, dflash_path=path, **sampling)
+                                    assistant_model=drafter, dflash_path=path, **sampling, **(dflash_kwargs or {}))
                     lengths += drafter.last_generation_stats.acceptance_lengths
+                    verified += drafter.last_generation_stats.verified_lengths
                     progress.update(1)
                 results.append(AcceptanceResult(benchmark, path, temperature, len(prompts), len(lengths), sum(lengths),
-                                                sum(lengths) / max(1, len(lengths))))
+                                                sum(lengths) / max(1, len(lengths)),
+                                                sum(verified) / max(1, len(verified))))
     progress.close()
     return results
 

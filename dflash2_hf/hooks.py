@@ -6,8 +6,8 @@ wraps three ``GenerationMixin`` methods so that, when the assistant is a DFlash 
 for transformers' own ``speculation_type="dflash"``):
 
 * ``_extract_generation_mode_kwargs`` also takes the per-call options ``dflash_path``, ``dflash_block_size``,
-  ``dflash_top_k``, ``dflash_record_drafts``, ``dflash_adaptive_block`` and ``dflash_tree_nodes`` out of the
-  ``generate`` kwargs;
+  ``dflash_top_k``, ``dflash_record_drafts``, ``dflash_adaptive_block``, ``dflash_tree_nodes`` and
+  ``dflash_lookup_tokens`` out of the ``generate`` kwargs;
 * ``_validate_generation_mode`` checks the drafter fits the target and the arguments are supported, before any work,
   and skips the checks meant for classic draft LMs (vocabulary size, tokenizers);
 * ``_assisted_decoding`` runs :class:`~dflash2_hf.decoding.DFlashDecoder` instead of the classic loop.
@@ -34,6 +34,7 @@ OPTION_KWARGS = {
     "dflash_record_drafts": "record_drafts",
     "dflash_adaptive_block": "adaptive_block",
     "dflash_tree_nodes": "tree_nodes",
+    "dflash_lookup_tokens": "lookup_tokens",
 }
 PATCHED_METHODS = ("_extract_generation_mode_kwargs", "_validate_generation_mode", "_assisted_decoding")
 

@@ -36,6 +36,8 @@ class DraftTree:
         proposals: per parent, the distribution its children were drawn from (sampling only).
         branch_probabilities: per node, the product of its branch's conditional probabilities under the selector
             (:func:`likeliest_tree` only): the expected number of accepted tokens the node adds.
+        lookup_children: per parent, the child that the context-lookup branch (:meth:`add_lookup_path`) passes
+            through; a fixed guess, not a draw from ``proposals``, so verification tests it on its own terms.
     """
 
     tokens: list[int] = field(default_factory=list)
@@ -43,6 +45,7 @@ class DraftTree:
     draws: dict[int, list[int]] = field(default_factory=dict)
     proposals: dict[int, SparseDistribution] = field(default_factory=dict)
     branch_probabilities: list[float] = field(default_factory=list)
+    lookup_children: dict[int, int] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -61,9 +64,24 @@ class DraftTree:
                 self.proposals.setdefault(parent, proposals[depth])
             parent = child
 
+    def add_lookup_path(self, tokens: list[int]) -> None:
+        """Insert the context-lookup guess (:mod:`dflash2_hf.context_lookup`) as a branch below the anchor, reusing
+        the nodes of a drafted prefix it shares; recorded in ``lookup_children``, not in ``draws``."""
+        parent = ROOT
+        for token in tokens:
+            child = self.child(parent, token)
+            if child is None:
+                child = len(self.tokens)
+                self.tokens.append(token)
+                self.parents.append(parent)
+            self.lookup_children[parent] = child
+            parent = child
+
     def child(self, parent: int, token: int) -> int | None:
-        """The child of ``parent`` holding ``token``, if any."""
-        return next((c for c in self.draws.get(parent, []) if self.tokens[c] == token), None)
+        """The child of ``parent`` holding ``token``, if any (drafted or looked up)."""
+        drafted = next((c for c in self.draws.get(parent, []) if self.tokens[c] == token), None)
+        guess = self.lookup_children.get(parent)
+        return guess if drafted is None and guess is not None and self.tokens[guess] == token else drafted
 
     def branch(self, node: int) -> list[int]:
         """The nodes from the anchor's child down to ``node`` (empty for :data:`ROOT`)."""

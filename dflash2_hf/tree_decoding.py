@@ -2,9 +2,9 @@
 with a cycle that verifies a :class:`~dflash2_hf.tree.DraftTree` instead of one path.
 
 One cycle: draft a block -> pair-score the lattice -> (with ``adaptive_block``: the tree's size from the cycle
-cost) -> several paths merged into a tree -> ONE target forward over the anchor and every node (tree attention mask,
-tree positions) -> exact walk down the tree -> the target's cache compacted to the accepted branch -> the branch's
-hidden states feed the next draft.
+cost) -> several paths merged into a tree (with ``lookup_tokens``: plus a branch copied from the context) -> ONE
+target forward over the anchor and every node (tree attention mask, tree positions) -> exact walk down the tree ->
+the target's cache compacted to the accepted branch -> the branch's hidden states feed the next draft.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import time
 import torch
 from torch.profiler import record_function
 
+from .context_lookup import lookup_continuation
 from .decoding import DFlashDecoder, DraftRecord
 from .lattice import PathStrategy
 from .tree import (ROOT, DraftTree, check_tree_cache, keep_branch, likeliest_tree, sampled_tree,
@@ -47,6 +48,10 @@ class TreeDecoder(DFlashDecoder):
                     tree = sampled_tree(lattice, nodes, self.temperature)
                 else:
                     tree = likeliest_tree(lattice, nodes)
+                if self.options.lookup_tokens:
+                    room = self.max_length - sequence.shape[1] - 1
+                    guess = lookup_continuation(sequence[0].tolist(), min(self.options.lookup_tokens, room))
+                    tree.add_lookup_path(guess)
             self.stats.select_seconds += time.perf_counter() - tick
             tick = time.perf_counter()
 

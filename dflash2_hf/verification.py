@@ -131,13 +131,24 @@ def verify_tree_sampled(
     its child, and when every draw is rejected (or the node has none) the emitted token is drawn from the last
     ``p_j``. Each round is one speculative-sampling step for target ``p_j``, so every emitted token has the target's
     distribution (proof in ``docs/concepts.md``).
+
+    A context-lookup child (``tree.lookup_children``) is a fixed guess ``x``, a draw from the point mass on ``x``,
+    and is tested first: kept with probability ``p(x)``; after a rejection the residual is ``p`` without ``x``,
+    renormalised, and the drafted children follow against it.
     """
     node, nodes, emitted = -1, [], []
     while True:
         p = target_probs(node)
         q = tree.proposals.get(node)
-        kept = None
-        for child in tree.draws.get(node, []):
+        kept, guess = None, tree.lookup_children.get(node)
+        if guess is not None:  # a draw from the point mass on the guessed token: kept with probability p(token)
+            point_mass = torch.zeros_like(p)
+            point_mass[tree.tokens[guess]] = 1.0
+            if float(torch.rand((), generator=generator)) < float(p[tree.tokens[guess]]):
+                kept = guess
+            else:
+                p = residual_distribution(p, point_mass)
+        for child in [] if kept is not None else tree.draws.get(node, []):
             token = tree.tokens[child]
             if float(torch.rand((), generator=generator)) < acceptance_probability(p, q, token):
                 kept = child

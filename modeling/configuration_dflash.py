@@ -64,6 +64,8 @@ class DFlashConfig(PreTrainedConfig):
             ``greedy`` for DFlash 2, ``argmax`` for DFlash v1).
         default_tree_nodes / default_adaptive_block: what ``generate`` uses when the call sets neither
             ``dflash_tree_nodes`` nor ``dflash_adaptive_block`` (0 / False: verify one whole path).
+        default_lookup_tokens: how many tokens copied from the context (``dflash_lookup_tokens``) a token tree adds
+            as one more branch when the call does not say (0: none).
         is_causal: attend causally inside the block instead of bidirectionally (the published drafters use
             bidirectional attention).
     """
@@ -108,6 +110,7 @@ class DFlashConfig(PreTrainedConfig):
     default_path_strategy: str | None = None
     default_tree_nodes: int = 0
     default_adaptive_block: bool = False
+    default_lookup_tokens: int = 0
 
     def __post_init__(self, **kwargs: Any) -> None:
         nested = kwargs.pop("dflash_config", None) or {}

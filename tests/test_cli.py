@@ -319,6 +319,15 @@ def test_evaluate_writes_the_acceptance_of_every_path_and_temperature(target, tr
     assert "| humaneval | 0 |" in printed
 
 
+def test_evaluate_takes_the_tree_and_lookup_options_and_records_them(target, trained, tmp_path):
+    out = tmp_path / "acceptance.json"
+    run(["evaluate", str(trained / "drafter"), "--target", target, "--paths", "greedy", "--temperatures", "0",
+         "--prompts", "1", "--max-new-tokens", "6", "--tree-nodes", "6", "--lookup-tokens", "4", "--out", str(out)])
+    written = json.loads(out.read_text())
+    assert (written["tree_nodes"], written["lookup_tokens"]) == (6, 4)
+    assert all(r["mean_verified_tokens"] > 3 for r in written["results"]), "trees, not the drafter's 3-token path"
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_bench_reports_every_method_at_every_temperature(bench, dtype):
     folder = bench(dtype)
@@ -426,6 +435,20 @@ def test_bench_adaptive_block_with_tree_sizes_adds_a_cost_sized_tree(target, tra
     assert 0 <= rows["dflash2 greedy tree6 adaptive"]["mean_verified_drafted_tokens"] <= 6
 
 
+def test_bench_lookup_tokens_add_a_tree_with_a_branch_copied_from_the_context(target, trained, tmp_path):
+    report = bench_once("--target", target, "--drafter", str(trained / "drafter"), "--paths", "greedy",
+                        "--tree-nodes", "6", "--lookup-tokens", "4", "--dtype", "float32", "--out", str(tmp_path / "report"))
+    rows = {row["method"]: row for row in report["summary"]}
+    assert {"dflash2 greedy tree6", "dflash2 greedy tree6 lookup4"} <= set(rows)
+    assert rows["dflash2 greedy tree6"]["mean_verified_drafted_tokens"] <= 6, "the plain tree carries no lookup"
+    assert report["settings"]["lookup_tokens"] == [4]
+
+
+def test_bench_lookup_tokens_without_tree_sizes_are_refused_before_loading(tmp_path):
+    with pytest.raises(SystemExit, match="--lookup-tokens adds a branch to token trees; give --tree-nodes too"):
+        main(["bench", "--target", str(tmp_path / "no-such-model"), "--lookup-tokens", "8", "--out", str(tmp_path)])
+
+
 def test_bench_refuses_more_sharegpt_prompts_than_are_held_out_before_loading(tmp_path):
     with pytest.raises(SystemExit, match="ShareGPT holds out 100 benchmark prompts"):
         main(["bench", "--target", str(tmp_path / "no-such-model"), "--prompts", "sharegpt", "--per-source", "101",
@@ -457,6 +480,14 @@ def test_generate_with_a_cost_sized_tree_matches_plain_decoding(target, trained,
                    "--drafter", str(trained / "drafter"), "--max-new-tokens", "8", "--tree-nodes", "6",
                    "--adaptive-block"])
     assert "--- dflash2 (greedy, tree of up to 6, sized by cost): 8 tokens" in printed
+    assert "--- identical to plain decoding: yes" in printed
+
+
+def test_generate_with_a_tree_and_a_lookup_branch_matches_plain_decoding(target, trained):
+    printed = run(["generate", "Write a Python function that reverses a string.", "--target", target,
+                   "--drafter", str(trained / "drafter"), "--max-new-tokens", "8", "--tree-nodes", "6",
+                   "--lookup-tokens", "4"])
+    assert "--- dflash2 (greedy, tree of 6 + lookup of 4): 8 tokens" in printed
     assert "--- identical to plain decoding: yes" in printed
 
 

@@ -241,6 +241,9 @@ DOCUMENTED_COMMANDS = {
     "dflash2-hf export DRAFTER_FOLDER OUT_FOLDER":
         "tests/test_cli.py::test_export_puts_the_base_model_and_the_bench_results_in_the_card",
     "dflash2-hf bench": "tests/test_cli.py::test_bench_reports_every_method_at_every_temperature",
+    # docs/troubleshooting.md: the refusal of a lookup branch without trees.
+    "dflash2-hf bench --lookup-tokens":
+        "tests/test_cli.py::test_bench_lookup_tokens_without_tree_sizes_are_refused_before_loading",
     # docs/results.md: the tiny target, 1 prompt per source, 6 new tokens, 1 thread (both dtypes).
     "dflash2-hf bench --prompts humaneval mtbench --per-source 4 --temperatures 0 1 --max-new-tokens 128 "
     "--dtype bfloat16 --threads 2 --out docs/results/smollm2-135m":
@@ -426,6 +429,26 @@ DOCUMENTED_COMMANDS = {
         "tests/test_cli.py::test_heldout_can_follow_the_anchors_greedy_decoding_visits",
     "dflash2-hf evaluate runs/stage4/drafter --paths argmax greedy --temperatures 0 1 --prompts 8 --max-new-tokens 128":
         "tests/test_cli.py::test_evaluate_writes_the_acceptance_of_every_path_and_temperature",
+    # docs/results.md: the shipped drafter with its tree and lookup branch, and the runs that chose the branch's
+    # length (the bench runs: SmolLM2 with the shipped drafter, 8-node tree, 16-token branch, next to llama.cpp).
+    "dflash2-hf evaluate dflash2_hf/drafters/smollm2-135m --paths argmax greedy --temperatures 0 1 --prompts 8 "
+    "--max-new-tokens 128":
+        "tests/test_cli.py::test_evaluate_writes_the_acceptance_of_every_path_and_temperature",
+    "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 4 --temperatures 0 --max-new-tokens 128 "
+    "--dtype bfloat16 --threads 2 --paths greedy --tree-nodes 8 --lookup-tokens 8 16 --out runs/lookup/bench-bf16":
+        "tests/test_llama_cpp_peer.py::test_bench_runs_llama_cpp_next_to_trees_and_adaptive_blocks",
+    "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 4 --temperatures 0 --max-new-tokens 128 "
+    "--dtype bfloat16 --threads 2 --paths greedy --tree-nodes 8 --lookup-tokens 16 24 32 "
+    "--out runs/lookup/bench-bf16-long":
+        "tests/test_llama_cpp_peer.py::test_bench_runs_llama_cpp_next_to_trees_and_adaptive_blocks",
+    "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 4 --temperatures 0 --max-new-tokens 128 "
+    "--dtype float32 --threads 2 --paths greedy --tree-nodes 8 --lookup-tokens 16 "
+    "--out docs/results/smollm2-135m-lookup-fp32":
+        "tests/test_llama_cpp_peer.py::test_bench_runs_llama_cpp_next_to_trees_and_adaptive_blocks",
+    "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 4 --temperatures 0 --max-new-tokens 128 "
+    "--dtype bfloat16 --threads 2 --paths greedy --tree-nodes 8 --lookup-tokens 16 --llama-cpp "
+    "--out docs/results/smollm2-135m-lookup-bf16":
+        "tests/test_llama_cpp_peer.py::test_bench_runs_llama_cpp_next_to_trees_and_adaptive_blocks",
     # docs/training.md: the selector fine-tuned at the anchors decoding visits (the tiny target's 3-step drafter, 3
     # selector-only steps), measured teacher-forced at those anchors and by decoding.
     "dflash2-hf train --data runs/smollm2-data --out runs/sel/decoding --init-from dflash2_hf/drafters/smollm2-135m "

@@ -64,13 +64,16 @@ def bench_report(tmp_path, *argv: str) -> dict:
 
 
 def test_bench_runs_llama_cpp_next_to_trees_and_adaptive_blocks(tmp_path, monkeypatch):
-    """docs/results.md's SmolLM2 runs with `--paths greedy --adaptive-block --tree-nodes 8 16 --llama-cpp`, on the
-    shipped drafter named by `--drafter` (one tree size), as docs/training.md's Qwen2.5-Coder run names its own."""
+    """docs/results.md's SmolLM2 runs with `--paths greedy --adaptive-block --tree-nodes 8 16 --lookup-tokens 16
+    --llama-cpp`, on the shipped drafter named by `--drafter` (one tree size), as docs/training.md's Qwen2.5-Coder run
+    names its own."""
     monkeypatch.setenv("DFLASH2_HF_CACHE", str(tmp_path / "cache"))
     report = bench_report(tmp_path, "--target", "smollm2-135m", "--drafter", str(SHIPPED_DRAFTERS["smollm2-135m"]),
-                          "--paths", "greedy", "--adaptive-block", "--tree-nodes", "8", "--llama-cpp")
+                          "--paths", "greedy", "--adaptive-block", "--tree-nodes", "8", "--lookup-tokens", "16",
+                          "--llama-cpp")
     methods = {row["method"] for row in report["summary"]}
-    assert {"dflash2 greedy", "dflash2 greedy adaptive", "dflash2 greedy tree8", "llama.cpp plain (GGUF)"} <= methods
+    assert {"dflash2 greedy", "dflash2 greedy adaptive", "dflash2 greedy tree8", "dflash2 greedy tree8 lookup16",
+            "llama.cpp plain (GGUF)"} <= methods
     assert report["settings"]["llama_cpp"] == "0.3.36"
 
 

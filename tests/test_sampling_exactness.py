@@ -10,9 +10,10 @@ expected count < 5 pooled). With N = 1000 the negative control (keep every draft
 p < 1e-200 in every setting (we require < 1e-6), while the real decoder must pass at p > 1e-3; seeds are fixed, so
 the outcome is reproducible.
 
-Cost-aware block length (verifying only a prefix of each drafted path) and token trees (several sampled paths
-verified at once by recursive rejection sampling) keep the distribution exact; their negative controls (a cut that
-looks at the sampled tokens themselves; multi-draft rejection without residual updates) are rejected.
+Cost-aware block length (verifying only a prefix of each drafted path), token trees (several sampled paths
+verified at once by recursive rejection sampling) and their context-lookup branches keep the distribution exact;
+their negative controls (a cut that looks at the sampled tokens themselves; multi-draft rejection without residual
+updates; a rejected guess that leaves no residual) are rejected.
 """
 
 import itertools
@@ -25,7 +26,7 @@ from scipy.stats import chisquare
 from dflash2_hf import decoding, tree_decoding
 from dflash2_hf.block_length import CycleCost
 from dflash2_hf.lattice import path_confidences
-from dflash2_hf.verification import TreeVerdict, Verdict
+from dflash2_hf.verification import TreeVerdict, Verdict, rejection_distribution
 
 VOCAB, NEW_TOKENS, SAMPLES = 5, 4, 1000
 PROMPT = torch.tensor([[1, 3, 2, 0]])
@@ -142,15 +143,12 @@ def test_adaptive_blocks_keep_sampling_exact(models, monkeypatch):
     assert goodness_of_fit(control, exact) < 1e-6, "a cut that looks at the sampled tokens biases the output"
 
 
-def accept_against_the_unchanged_target(tree, target_probs, generator=None):
-    """Negative control for trees: every draw at a node is tested against the target's ``p`` itself, with no residual
-    update after a rejection (a natural-looking but biased multi-draft scheme)."""
+def walk_down(tree, target_probs, choose) -> TreeVerdict:
+    """A tree walk for the negative controls: ``choose(node, p)`` gives the kept child (or ``None``) and the
+    distribution the emitted token is drawn from when none is kept."""
     node, nodes, emitted = -1, [], []
     while True:
-        p = target_probs(node)
-        q = tree.proposals.get(node)
-        kept = next((c for c in tree.draws.get(node, [])
-                     if float(torch.rand(())) < min(1.0, float(p[tree.tokens[c]]) / q.prob_of(tree.tokens[c]))), None)
+        kept, p = choose(node, target_probs(node))
         if kept is None:
             return TreeVerdict(nodes, emitted + [int(torch.multinomial(p, 1))])
         nodes.append(kept)
@@ -158,20 +156,21 @@ def accept_against_the_unchanged_target(tree, target_probs, generator=None):
         node = kept
 
 
-@pytest.mark.parametrize("setting", ["temperature 1", "temperature 1.3, top-p 0.8, repetition penalty 1.5"])
-def test_token_trees_keep_sampling_exact(models, setting, monkeypatch):
-    target, drafter = models
-    settings = SETTINGS[setting]
-    exact = exact_distribution(target, settings)
+def keeps_draw(tree, child, p, q) -> bool:
+    """The single-draft test of a drafted child: kept with probability ``min(1, p(x) / q(x))``."""
+    token = tree.tokens[child]
+    return float(torch.rand(())) < min(1.0, float(p[token]) / q.prob_of(token))
 
-    # 9 nodes over blocks of 2 drafted tokens: trees of 3 independently sampled paths of 2
-    draws, verified = sample_with_drafter(target, drafter, settings, dflash_tree_nodes=9, statistic="verified_lengths")
-    assert max(verified) > 2, "trees with several nodes per depth were verified"
-    assert goodness_of_fit(draws, exact) > 1e-3
 
-    monkeypatch.setattr(tree_decoding, "verify_tree_sampled", accept_against_the_unchanged_target)
-    control, _ = sample_with_drafter(target, drafter, settings, dflash_tree_nodes=9)
-    assert goodness_of_fit(control, exact) < 1e-6, "a multi-draft scheme without residual updates is biased"
+def accept_against_the_unchanged_target(tree, target_probs, generator=None):
+    """Negative control for trees: every draw at a node is tested against the target's ``p`` itself, with no residual
+    update after a rejection (a natural-looking but biased multi-draft scheme)."""
+
+    def choose(node, p):
+        q = tree.proposals.get(node)
+        return next((child for child in tree.draws.get(node, []) if keeps_draw(tree, child, p, q)), None), p
+
+    return walk_down(tree, target_probs, choose)
 
 
 STEEP_TREE_COST = steep_cost(10)
@@ -191,6 +190,52 @@ def test_cost_sized_token_trees_keep_sampling_exact(models, monkeypatch):
     control, _ = sample_with_drafter(target, drafter, settings, dflash_tree_nodes=9,
                                      dflash_adaptive_block=STEEP_TREE_COST)
     assert goodness_of_fit(control, exact) < 1e-6, "the test still detects a biased multi-draft scheme"
+
+
+def ignore_the_rejected_guess(tree, target_probs, generator=None):
+    """Negative control for lookup branches: a rejected guess leaves ``p`` as it was (no residual without the
+    guessed token) before the drafted children are tested, so the guessed token gets a second chance."""
+
+    def choose(node, p):
+        q, guess = tree.proposals.get(node), tree.lookup_children.get(node)
+        if guess is not None and float(torch.rand(())) < float(p[tree.tokens[guess]]):
+            return guess, p
+        for child in tree.draws.get(node, []):
+            if keeps_draw(tree, child, p, q):
+                return child, p
+            p = rejection_distribution(p, q)
+        return None, p
+
+    return walk_down(tree, target_probs, choose)
+
+
+# kwargs, drafted tokens a tree must exceed at least once (so the case is exercised), negative control, its failure
+TREE_CASES = {
+    # 9 nodes over blocks of 2 drafted tokens: trees of 3 independently sampled paths of 2
+    "3 sampled paths": (dict(dflash_tree_nodes=9), 2, accept_against_the_unchanged_target,
+                        "a multi-draft scheme without residual updates is biased"),
+    # trees of 2 sampled paths of 2, plus up to 2 tokens copied from the context (over 5 tokens, nearly always)
+    "2 sampled paths and a lookup branch": (dict(dflash_tree_nodes=4, dflash_lookup_tokens=2), 4,
+                                            ignore_the_rejected_guess,
+                                            "a rejected guess must leave the residual, or the output is biased"),
+}
+
+
+@pytest.mark.parametrize("case", TREE_CASES)
+@pytest.mark.parametrize("setting", ["temperature 1", "temperature 1.3, top-p 0.8, repetition penalty 1.5"])
+def test_token_trees_keep_sampling_exact(models, setting, case, monkeypatch):
+    target, drafter = models
+    settings = SETTINGS[setting]
+    exact = exact_distribution(target, settings)
+    options, exceeded, biased_verifier, why = TREE_CASES[case]
+
+    draws, verified = sample_with_drafter(target, drafter, settings, **options, statistic="verified_lengths")
+    assert max(verified) > exceeded, "trees wider than one path (or than the drafted paths) were verified"
+    assert goodness_of_fit(draws, exact) > 1e-3
+
+    monkeypatch.setattr(tree_decoding, "verify_tree_sampled", biased_verifier)
+    control, _ = sample_with_drafter(target, drafter, settings, **options)
+    assert goodness_of_fit(control, exact) < 1e-6, why
 
 
 def test_same_seed_gives_the_same_output(models):

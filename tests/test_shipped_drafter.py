@@ -25,7 +25,8 @@ def test_readme_main_command_streams_an_answer_and_matches_plain_decoding(capsys
     assert main(["generate", "Write a Python function that reverses a string.", "--max-new-tokens", "48"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"mean acceptance length (\d+\.\d+)", out)
-    assert "--- dflash2 (greedy, tree of 8):" in out, "the shipped drafter's config makes an 8-node tree the default"
+    assert "--- dflash2 (greedy, tree of 8 + lookup of 16):" in out, (
+        "the shipped drafter's config makes an 8-node tree with a 16-token lookup branch the default")
     assert "identical to plain decoding: yes" in out
 
 
@@ -34,5 +35,22 @@ def test_trained_drafter_accepts_more_than_one_token_per_cycle_on_code():
     drafter = DFlashDraftModel.from_pretrained(default_drafter_folder("smollm2-135m"), dtype=torch.bfloat16)
     messages = [{"role": "user", "content": "Write a Python function that returns the sum of a list of numbers."}]
     inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    target.generate(**inputs, assistant_model=drafter, max_new_tokens=64, do_sample=False)
+    target.generate(**inputs, assistant_model=drafter, max_new_tokens=64, do_sample=False, dflash_lookup_tokens=0)
     assert drafter.last_generation_stats.mean_acceptance_length > 1.2, "an untrained drafter accepts ~1.0"
+
+
+def test_the_lookup_branch_accepts_more_on_code_that_repeats_its_prompt_and_keeps_the_output():
+    target, tokenizer = SMOLLM2_135M.load_model(torch.float32), SMOLLM2_135M.load_tokenizer()
+    drafter = DFlashDraftModel.from_pretrained(default_drafter_folder("smollm2-135m"), dtype=torch.float32)
+    request = ("Complete this function:\n\ndef count_vowels(text: str) -> int:\n"
+               '    """Return how many vowels (a, e, i, o, u) the text holds."""\n')
+    messages = [{"role": "user", "content": request}]
+    inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    plain = target.generate(**inputs, max_new_tokens=64, do_sample=False)
+    acceptance = {}
+    for lookup in (0, 16):
+        ours = target.generate(**inputs, assistant_model=drafter, max_new_tokens=64, do_sample=False,
+                               dflash_lookup_tokens=lookup)
+        assert torch.equal(ours, plain)
+        acceptance[lookup] = drafter.last_generation_stats.mean_acceptance_length
+    assert acceptance[16] > acceptance[0], "the answer repeats the prompt's signature, which the lookup copies"

@@ -1,0 +1,106 @@
+"""Context lookup: the tokens that followed an earlier occurrence of the text's last few tokens, and the branch they
+add to a token tree (greedy output stays identical; sampling exactness is in test_sampling_exactness.py)."""
+
+import pytest
+import torch
+from conftest import tiny_drafter
+
+from dflash2_hf.context_lookup import lookup_continuation
+from dflash2_hf.tree import ROOT, DraftTree
+from dflash2_hf.verification import verify_tree_greedy
+
+
+def test_the_tokens_after_an_earlier_occurrence_of_the_suffix_are_the_guess():
+    assert lookup_continuation([7, 1, 2, 3, 4, 9, 1, 2], length=3) == [3, 4, 9]
+
+
+def test_the_longest_recurring_suffix_wins_over_a_later_shorter_match():
+    # "5 2" recurs at the start (followed by 8); "2" alone recurs later (followed by 6)
+    assert lookup_continuation([5, 2, 8, 0, 2, 6, 5, 2], length=1) == [8]
+
+
+def test_among_occurrences_of_the_same_suffix_the_latest_wins():
+    assert lookup_continuation([4, 1, 4, 2, 4, 3, 4], length=1) == [3]
+
+
+def test_the_guess_stops_at_the_requested_length_and_at_the_end_of_the_text():
+    tokens = [1, 2, 3, 4, 5, 1, 2]
+    assert lookup_continuation(tokens, length=2) == [3, 4]
+    assert lookup_continuation(tokens, length=10) == [3, 4, 5, 1, 2]
+
+
+def test_a_run_of_one_token_guesses_that_token_again():
+    assert lookup_continuation([9, 9, 9], length=4) == [9]
+
+
+def test_no_recurring_suffix_or_no_length_gives_no_guess():
+    assert lookup_continuation([1, 2, 3, 4], length=4) == []
+    assert lookup_continuation([1, 2, 1], length=0) == []
+    assert lookup_continuation([1], length=4) == []
+
+
+def test_a_minimum_ngram_size_ignores_shorter_matches():
+    assert lookup_continuation([3, 8, 5, 3], length=2, min_ngram=2) == []
+    assert lookup_continuation([3, 8, 5, 3], length=2) == [8, 5]
+
+
+# --- the lookup branch of a token tree ---------------------------------------------------------------------------
+
+PROMPT = torch.tensor([[5, 17, 33, 2, 71, 8]])
+
+
+def two_paths() -> DraftTree:
+    tree = DraftTree()
+    for path in ([10, 11], [20]):
+        tree.add_path(path)
+    return tree
+
+
+def test_a_lookup_branch_reuses_drafted_nodes_and_stays_out_of_the_draws():
+    tree = two_paths()
+    tree.add_lookup_path([10, 12, 13])
+    assert tree.tokens == [10, 11, 20, 12, 13]
+    assert tree.parents == [ROOT, 0, ROOT, 0, 3]
+    assert tree.lookup_children == {ROOT: 0, 0: 3, 3: 4}
+    assert tree.draws == {ROOT: [0, 2], 0: [1]}, "the guess is not a draw from the drafter's proposals"
+
+
+def test_the_greedy_walk_follows_the_lookup_branch_where_the_target_agrees_with_it():
+    tree = two_paths()
+    tree.add_lookup_path([30, 31])
+    verdict = verify_tree_greedy(tree, {ROOT: 30, 3: 31, 4: 7}.__getitem__)
+    assert verdict.nodes == [3, 4] and verdict.emitted == [30, 31, 7]
+
+
+def test_greedy_output_with_a_lookup_branch_equals_plain_generate(target, drafter):
+    plain = target.generate(PROMPT, max_new_tokens=60, do_sample=False)
+    ours = target.generate(PROMPT, max_new_tokens=60, do_sample=False, assistant_model=drafter, dflash_tree_nodes=4,
+                           dflash_lookup_tokens=8)
+    assert torch.equal(plain, ours)
+    assert max(drafter.last_generation_stats.verified_lengths) == 12, "trees of 4 drafted + 8 looked-up tokens"
+
+
+def test_a_lookup_branch_accepts_more_tokens_on_a_repetitive_output(target, drafter):
+    # this random target repeats itself (runs of one token, recurring pairs), which the random drafter cannot guess
+    mean_acceptance = {}
+    for lookup in (0, 8):
+        target.generate(PROMPT, max_new_tokens=60, do_sample=False, assistant_model=drafter, dflash_tree_nodes=4,
+                        dflash_lookup_tokens=lookup)
+        mean_acceptance[lookup] = drafter.last_generation_stats.mean_acceptance_length
+    assert mean_acceptance[8] > mean_acceptance[0]
+
+
+def test_lookup_tokens_without_a_tree_or_below_zero_are_refused(target, drafter):
+    with pytest.raises(ValueError, match="set tree_nodes > 0"):
+        target.generate(PROMPT, max_new_tokens=4, assistant_model=drafter, dflash_tree_nodes=0, dflash_lookup_tokens=8)
+    with pytest.raises(ValueError, match="lookup_tokens must be >= 0"):
+        target.generate(PROMPT, max_new_tokens=4, assistant_model=drafter, dflash_tree_nodes=4, dflash_lookup_tokens=-1)
+
+
+def test_the_drafter_config_can_add_a_lookup_branch_to_its_trees(target):
+    drafter = tiny_drafter("dflash2", seed=4, default_tree_nodes=4, default_lookup_tokens=8)
+    plain = target.generate(PROMPT, max_new_tokens=60, do_sample=False)
+    assert torch.equal(target.generate(PROMPT, max_new_tokens=60, do_sample=False, assistant_model=drafter), plain)
+    assert max(drafter.last_generation_stats.verified_lengths) == 12
+    target.generate(PROMPT, max_new_tokens=60, do_sample=False, assistant_model=drafter, dflash_tree_nodes=0)
+    assert max(drafter.last_generation_stats.verified_lengths) == 7, "one path: the config's lookup does not apply"
