@@ -120,6 +120,11 @@ def verify_tree_greedy(tree, target_choice: Callable[[int], int]) -> TreeVerdict
         node = child
 
 
+def point_mass(token: int, device: torch.device | None = None) -> SparseDistribution:
+    """The proposal of a fixed guess (a context-lookup token): all its mass on ``token``."""
+    return SparseDistribution(torch.tensor([token], device=device), torch.tensor([1.0], device=device))
+
+
 def verify_tree_sampled(
     tree, target_probs: Callable[[int], torch.Tensor], generator: torch.Generator | None = None
 ) -> TreeVerdict:
@@ -139,21 +144,15 @@ def verify_tree_sampled(
     node, nodes, emitted = -1, [], []
     while True:
         p = target_probs(node)
-        q = tree.proposals.get(node)
-        kept, guess = None, tree.lookup_children.get(node)
-        if guess is not None:  # a draw from the point mass on the guessed token: kept with probability p(token)
-            point_mass = torch.zeros_like(p)
-            point_mass[tree.tokens[guess]] = 1.0
-            if float(torch.rand((), generator=generator)) < float(p[tree.tokens[guess]]):
-                kept = guess
-            else:
-                p = residual_distribution(p, point_mass)
-        for child in [] if kept is not None else tree.draws.get(node, []):
-            token = tree.tokens[child]
-            if float(torch.rand((), generator=generator)) < acceptance_probability(p, q, token):
+        guess = tree.lookup_children.get(node)
+        trials = [] if guess is None else [(guess, point_mass(tree.tokens[guess], p.device))]  # the guess first
+        trials += [(child, tree.proposals[node]) for child in tree.draws.get(node, [])]
+        kept = None
+        for child, proposal in trials:
+            if float(torch.rand((), generator=generator)) < acceptance_probability(p, proposal, tree.tokens[child]):
                 kept = child
                 break
-            p = rejection_distribution(p, q)
+            p = rejection_distribution(p, proposal)
         if kept is None:
             emitted.append(int(torch.multinomial(p, 1, generator=generator)))
             return TreeVerdict(nodes, emitted)
