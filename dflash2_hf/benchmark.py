@@ -60,7 +60,7 @@ class Method:
 def standard_methods(
     drafter, paths=("argmax",) + SELECTOR_PATHS, assistant=None, prompt_lookup: int = 10,
     block_sizes: list[int] | None = None, cycle_cost=None, tree_nodes: list[int] | None = None,
-    lookup_tokens: list[int] | None = None,
+    lookup_tokens: list[int] | None = None, lookup_ngrams: list[int] | None = None,
 ) -> list[Method]:
     """Plain decoding, prompt lookup, transformers' built-in DFlash on our drafter, ours per path (one whole path
     each, even for a drafter whose config defaults to a tree; per verified block size when several are given: names
@@ -68,7 +68,8 @@ def standard_methods(
     (:class:`~dflash2_hf.block_length.CycleCost`), each of ours also runs with the cost-aware block length (names end
     in ``adaptive``), and with ``tree_nodes`` once per token-tree size (names end in ``tree<N>``; with a cost also
     cost-sized: ``tree<N> adaptive``; with ``lookup_tokens``, each tree also with a context-lookup branch of up to
-    ``L`` tokens: ``tree<N> lookup<L>``)."""
+    ``L`` tokens: ``tree<N> lookup<L>``, and with ``lookup_ngrams`` once per longest matched suffix:
+    ``tree<N> lookup<L> ngram<M>``)."""
     methods = [Method("plain"), Method("prompt lookup", {"prompt_lookup_num_tokens": prompt_lookup})]
     if assistant is not None:
         methods.append(Method("assisted (draft LM)", {"assistant_model": assistant}))
@@ -89,8 +90,12 @@ def standard_methods(
                     tree = kwargs | {"dflash_tree_nodes": nodes, "dflash_lookup_tokens": 0}
                     methods.append(Method(f"dflash2 {path}{suffix} tree{nodes}", tree))
                     for length in lookup_tokens or []:
-                        methods.append(Method(f"dflash2 {path}{suffix} tree{nodes} lookup{length}",
-                                              tree | {"dflash_lookup_tokens": length}))
+                        lookup = tree | {"dflash_lookup_tokens": length}
+                        name = f"dflash2 {path}{suffix} tree{nodes} lookup{length}"
+                        if not lookup_ngrams:
+                            methods.append(Method(name, lookup))
+                        for ngram in lookup_ngrams or []:
+                            methods.append(Method(f"{name} ngram{ngram}", lookup | {"max_matching_ngram_size": ngram}))
                     if cycle_cost is not None:
                         methods.append(Method(f"dflash2 {path}{suffix} tree{nodes} adaptive",
                                               tree | {"dflash_adaptive_block": cycle_cost}))

@@ -260,6 +260,10 @@ def bench(args: argparse.Namespace) -> None:
         raise SystemExit(f"dflash2-hf bench: {error}") from None
     if args.lookup_tokens and not args.tree_nodes:
         raise SystemExit("dflash2-hf bench: --lookup-tokens adds a branch to token trees; give --tree-nodes too.")
+    if args.lookup_ngrams and not args.lookup_tokens:
+        raise SystemExit("dflash2-hf bench: --lookup-ngrams sets how the lookup branch matches; give --lookup-tokens too.")
+    if args.lookup_ngrams and min(args.lookup_ngrams) < 1:
+        raise SystemExit("dflash2-hf bench: --lookup-ngrams must be >= 1.")
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     drafter_folder = None if args.no_drafter else args.drafter or default_drafter_folder(args.target)
@@ -267,7 +271,7 @@ def bench(args: argparse.Namespace) -> None:
         raise SystemExit("dflash2-hf bench: the reference peer drafts with our drafter; drop --no-drafter.")
     settings = {"target": args.target, "drafter": drafter_folder and str(drafter_folder),
                 "block_sizes": args.block_sizes, "tree_nodes": args.tree_nodes, "lookup_tokens": args.lookup_tokens,
-                "dtype": args.dtype, "threads": args.threads,
+                "lookup_ngrams": args.lookup_ngrams, "dtype": args.dtype, "threads": args.threads,
                 "max_new_tokens": args.max_new_tokens, "prompts": args.prompts, "per_source": args.per_source}
     try:
         with ExitStack() as stack:
@@ -300,7 +304,7 @@ def bench(args: argparse.Namespace) -> None:
                 settings["cycle_cost"] = cycle_cost.to_json()
             methods = standard_methods(drafter, args.paths, assistant, block_sizes=args.block_sizes,
                                        cycle_cost=cycle_cost, tree_nodes=args.tree_nodes,
-                                       lookup_tokens=args.lookup_tokens)
+                                       lookup_tokens=args.lookup_tokens, lookup_ngrams=args.lookup_ngrams)
             methods += [ReferenceMethod(peer)] if peer else []
             methods += [llama] if llama else []
             runs = Benchmark(target, methods, max_new_tokens=args.max_new_tokens).run(prompts, args.temperatures)
@@ -458,6 +462,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          help="also run each path with token trees of up to N drafted tokens (one method per N)")
     measure.add_argument("--lookup-tokens", nargs="+", type=int, metavar="L",
                          help="with --tree-nodes, also run each tree with a context-lookup branch of up to L tokens")
+    measure.add_argument("--lookup-ngrams", nargs="+", type=int, metavar="M",
+                         help="with --lookup-tokens, run each lookup branch once per longest matched suffix of M "
+                              "tokens (max_matching_ngram_size; default: one run at 8)")
     measure.add_argument("--llama-cpp", action="store_true",
                          help="add llama.cpp's plain decoding of the preset's GGUF file (needs llama-cpp-python)")
     measure.add_argument("--no-drafter", action="store_true",

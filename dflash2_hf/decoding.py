@@ -105,6 +105,10 @@ def check_generation_arguments(
     top_p = generation_config.top_p
     if generation_config.do_sample and top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
+    ngram = generation_config.max_matching_ngram_size
+    if ngram is not None and (isinstance(ngram, bool) or not isinstance(ngram, int) or ngram < 1):
+        raise ValueError(f"max_matching_ngram_size (the longest suffix the context lookup matches) must be an integer "
+                         f">= 1, got {ngram!r}.")
 
 
 class DFlashDecoder:

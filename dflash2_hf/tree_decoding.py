@@ -14,7 +14,7 @@ import time
 import torch
 from torch.profiler import record_function
 
-from .context_lookup import lookup_continuation
+from .context_lookup import DEFAULT_MAX_NGRAM, lookup_continuation
 from .decoding import DFlashDecoder, DraftRecord
 from .lattice import PathStrategy
 from .tree import (ROOT, DraftTree, check_tree_cache, keep_branch, likeliest_tree, sampled_tree,
@@ -28,6 +28,8 @@ class TreeDecoder(DFlashDecoder):
     def __init__(self, target, drafter, options, generation_config, logits_processor, stopping_criteria, streamer, cache):
         check_tree_cache(cache)
         super().__init__(target, drafter, options, generation_config, logits_processor, stopping_criteria, streamer, cache)
+        # the longest suffix the context lookup matches: transformers' prompt-lookup setting, when given
+        self.lookup_ngram = generation_config.max_matching_ngram_size or DEFAULT_MAX_NGRAM
 
     def _cycle(self, sequence: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, bool, torch.Tensor]:
         """One cycle with a token tree: draft, grow a tree over the lattice, verify every node in one target forward
@@ -50,7 +52,8 @@ class TreeDecoder(DFlashDecoder):
                     tree = likeliest_tree(lattice, nodes)
                 if self.options.lookup_tokens:
                     room = self.max_length - sequence.shape[1] - 1
-                    guess = lookup_continuation(sequence[0].tolist(), min(self.options.lookup_tokens, room))
+                    guess = lookup_continuation(sequence[0].tolist(), min(self.options.lookup_tokens, room),
+                                                self.lookup_ngram)
                     tree.add_lookup_path(guess)
             self.stats.select_seconds += time.perf_counter() - tick
             tick = time.perf_counter()

@@ -449,6 +449,25 @@ def test_bench_lookup_tokens_without_tree_sizes_are_refused_before_loading(tmp_p
         main(["bench", "--target", str(tmp_path / "no-such-model"), "--lookup-tokens", "8", "--out", str(tmp_path)])
 
 
+def test_bench_lookup_ngrams_run_each_lookup_branch_once_per_longest_matched_suffix(target, trained, tmp_path):
+    report = bench_once("--target", target, "--drafter", str(trained / "drafter"), "--paths", "greedy",
+                        "--tree-nodes", "6", "--lookup-tokens", "4", "--lookup-ngrams", "2", "8", "--dtype", "float32",
+                        "--out", str(tmp_path / "report"))
+    rows = {row["method"] for row in report["summary"]}
+    assert {"dflash2 greedy tree6 lookup4 ngram2", "dflash2 greedy tree6 lookup4 ngram8"} <= rows
+    assert "dflash2 greedy tree6 lookup4" not in rows
+    assert report["settings"]["lookup_ngrams"] == [2, 8]
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--tree-nodes", "8", "--lookup-ngrams", "3"], "--lookup-ngrams sets how the lookup branch matches"),
+    (["--tree-nodes", "8", "--lookup-tokens", "16", "--lookup-ngrams", "0"], "--lookup-ngrams must be >= 1"),
+])
+def test_bench_lookup_ngrams_without_a_lookup_branch_or_below_one_are_refused_before_loading(tmp_path, options, message):
+    with pytest.raises(SystemExit, match=message):
+        main(["bench", "--target", str(tmp_path / "no-such-model"), *options, "--out", str(tmp_path)])
+
+
 def test_bench_refuses_more_sharegpt_prompts_than_are_held_out_before_loading(tmp_path):
     with pytest.raises(SystemExit, match="ShareGPT holds out 100 benchmark prompts"):
         main(["bench", "--target", str(tmp_path / "no-such-model"), "--prompts", "sharegpt", "--per-source", "101",

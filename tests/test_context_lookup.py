@@ -44,6 +44,31 @@ def test_a_minimum_ngram_size_ignores_shorter_matches():
     assert lookup_continuation([3, 8, 5, 3], length=2) == [8, 5]
 
 
+
+def test_up_to_eight_tokens_of_suffix_are_matched_by_default():
+    # the last 8 tokens recur once (followed by 5); their last 3 recur later too (followed by 6)
+    text = [1, 2, 3, 4, 10, 11, 12, 13, 5, 9, 11, 12, 13, 6, 0, 1, 2, 3, 4, 10, 11, 12, 13]
+    assert lookup_continuation(text, length=1) == [5]
+    assert lookup_continuation(text, length=1, max_ngram=3) == [6]
+
+
+def brute_force_lookup(tokens, length, max_ngram, min_ngram):
+    """The definition, spelled out: every suffix size from the longest down, every occurrence from the latest."""
+    for size in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
+        for start in range(len(tokens) - size - 1, -1, -1):
+            if tokens[start : start + size] == tokens[len(tokens) - size :]:
+                return tokens[start + size : start + size + length]
+    return []
+
+
+def test_the_one_pass_search_finds_what_trying_every_suffix_size_finds():
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        size = int(torch.randint(1, 40, (1,), generator=generator))
+        tokens = torch.randint(0, 3 + trial % 5, (size,), generator=generator).tolist()
+        for max_ngram, min_ngram in ((8, 1), (3, 1), (4, 2)):
+            assert lookup_continuation(tokens, 5, max_ngram, min_ngram) == brute_force_lookup(tokens, 5, max_ngram, min_ngram)
+
 # --- the lookup branch of a token tree ---------------------------------------------------------------------------
 
 PROMPT = torch.tensor([[5, 17, 33, 2, 71, 8]])
@@ -88,6 +113,25 @@ def test_a_lookup_branch_accepts_more_tokens_on_a_repetitive_output(target, draf
                         dflash_lookup_tokens=lookup)
         mean_acceptance[lookup] = drafter.last_generation_stats.mean_acceptance_length
     assert mean_acceptance[8] > mean_acceptance[0]
+
+
+def test_max_matching_ngram_size_sets_the_longest_suffix_the_lookup_matches(target, drafter, monkeypatch):
+    import dflash2_hf.tree_decoding as tree_decoding
+
+    sizes = []
+
+    def recording_lookup(tokens, length, max_ngram):
+        sizes.append(max_ngram)
+        return lookup_continuation(tokens, length, max_ngram)
+
+    monkeypatch.setattr(tree_decoding, "lookup_continuation", recording_lookup)
+    plain = target.generate(PROMPT, max_new_tokens=30, do_sample=False)
+    for setting, expected in ((None, 8), (2, 2)):
+        sizes.clear()
+        ours = target.generate(PROMPT, max_new_tokens=30, do_sample=False, assistant_model=drafter, dflash_tree_nodes=4,
+                               dflash_lookup_tokens=8, max_matching_ngram_size=setting)
+        assert torch.equal(ours, plain)
+        assert sizes and set(sizes) == {expected}
 
 
 def test_lookup_tokens_without_a_tree_or_below_zero_are_refused(target, drafter):

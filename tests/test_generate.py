@@ -151,6 +151,7 @@ def test_batch_of_two_prompts_fails_before_any_work(target):
         ({"do_sample": True, "top_p": 0.0}, r"top_p must be in \(0, 1\]"),
         ({"do_sample": True, "top_k": -1}, "top_k"),
         ({"repetition_penalty": 0.0}, "penalty"),
+        ({"max_matching_ngram_size": 0}, "max_matching_ngram_size"),
     ],
 )
 def test_bad_generation_arguments_fail_clearly(target, kwargs, message):
