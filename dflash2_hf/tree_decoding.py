@@ -43,18 +43,7 @@ class TreeDecoder(DFlashDecoder):
             with record_function("dflash2.select"):
                 if self.options.path is not PathStrategy.ARGMAX:
                     lattice = self.block.score(lattice, hidden)
-                nodes = self.options.tree_nodes
-                if self.block_cutter is not None:
-                    nodes = worthwhile_tree_size(lattice, nodes, self.block_cutter)
-                if self.do_sample:
-                    tree = sampled_tree(lattice, nodes, self.temperature)
-                else:
-                    tree = likeliest_tree(lattice, nodes)
-                if self.options.lookup_tokens:
-                    room = self.max_length - sequence.shape[1] - 1
-                    guess = lookup_continuation(sequence[0].tolist(), min(self.options.lookup_tokens, room),
-                                                self.lookup_ngram)
-                    tree.add_lookup_path(guess)
+                tree = self._grow_tree(lattice, sequence)
             self.stats.select_seconds += time.perf_counter() - tick
             tick = time.perf_counter()
 
@@ -79,6 +68,19 @@ class TreeDecoder(DFlashDecoder):
         with record_function("dflash2.context"):
             context = self.block.context_features(output.hidden_states, [0] + [node + 1 for node in verdict.nodes])
         return sequence, stopped, context
+
+    def _grow_tree(self, lattice, sequence: torch.Tensor) -> DraftTree:
+        """The cycle's tree: drafted paths through the (pair-scored) lattice, sized by the cycle cost when asked, plus
+        the context-lookup branch when asked."""
+        nodes = self.options.tree_nodes
+        if self.block_cutter is not None:
+            nodes = worthwhile_tree_size(lattice, nodes, self.block_cutter)
+        tree = sampled_tree(lattice, nodes, self.temperature) if self.do_sample else likeliest_tree(lattice, nodes)
+        if self.options.lookup_tokens:
+            room = self.max_length - sequence.shape[1] - 1
+            tree.add_lookup_path(lookup_continuation(sequence[0].tolist(), min(self.options.lookup_tokens, room),
+                                                     self.lookup_ngram))
+        return tree
 
     def _verify_tree(self, sequence: torch.Tensor, tree: DraftTree, logits: torch.Tensor) -> TreeVerdict:
         """Verify a tree whose forward gave ``logits`` (row 0: after the anchor; row ``1 + n``: after node ``n``)."""

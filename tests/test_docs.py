@@ -244,6 +244,8 @@ DOCUMENTED_COMMANDS = {
     # docs/troubleshooting.md: the refusal of a lookup branch without trees.
     "dflash2-hf bench --lookup-tokens":
         "tests/test_cli.py::test_bench_lookup_tokens_without_tree_sizes_are_refused_before_loading",
+    "dflash2-hf bench --lookup-ngrams":
+        "tests/test_cli.py::test_bench_lookup_ngrams_without_a_lookup_branch_or_below_one_are_refused_before_loading",
     # docs/results.md: the tiny target, 1 prompt per source, 6 new tokens, 1 thread (both dtypes).
     "dflash2-hf bench --prompts humaneval mtbench --per-source 4 --temperatures 0 1 --max-new-tokens 128 "
     "--dtype bfloat16 --threads 2 --out docs/results/smollm2-135m":
@@ -449,6 +451,10 @@ DOCUMENTED_COMMANDS = {
     "--dtype bfloat16 --threads 2 --paths greedy --tree-nodes 8 --lookup-tokens 16 --llama-cpp "
     "--out docs/results/smollm2-135m-lookup-bf16":
         "tests/test_llama_cpp_peer.py::test_bench_runs_llama_cpp_next_to_trees_and_adaptive_blocks",
+    "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 4 --temperatures 0 --max-new-tokens 128 "
+    "--dtype bfloat16 --threads 2 --paths greedy --tree-nodes 8 --lookup-tokens 16 --lookup-ngrams 3 8 "
+    "--out docs/results/smollm2-135m-lookup-ngram-bf16":
+        "tests/test_cli.py::test_bench_lookup_ngrams_run_each_lookup_branch_once_per_longest_matched_suffix",
     # docs/training.md: the selector fine-tuned at the anchors decoding visits (the tiny target's 3-step drafter, 3
     # selector-only steps), measured teacher-forced at those anchors and by decoding.
     "dflash2-hf train --data runs/smollm2-data --out runs/sel/decoding --init-from dflash2_hf/drafters/smollm2-135m "
