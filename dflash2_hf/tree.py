@@ -64,9 +64,10 @@ class DraftTree:
                 self.proposals.setdefault(parent, proposals[depth])
             parent = child
 
-    def add_lookup_path(self, tokens: list[int], parent: int = ROOT) -> None:
-        """Insert a context-lookup guess (:mod:`dflash2_hf.context_lookup`) as a branch below ``parent`` (default: the
-        anchor), reusing the nodes of a drafted prefix it shares; recorded in ``lookup_children``, not in ``draws``."""
+    def add_lookup_path(self, tokens: list[int]) -> None:
+        """Insert the context-lookup guess (:mod:`dflash2_hf.context_lookup`) as a branch below the anchor, reusing
+        the nodes of a drafted prefix it shares; recorded in ``lookup_children``, not in ``draws``."""
+        parent = ROOT
         for token in tokens:
             child = self.child(parent, token)
             if child is None:
