@@ -455,6 +455,10 @@ DOCUMENTED_COMMANDS = {
     "--dtype bfloat16 --threads 2 --paths greedy --tree-nodes 8 --lookup-tokens 16 --lookup-ngrams 3 8 "
     "--out docs/results/smollm2-135m-lookup-ngram-bf16":
         "tests/test_cli.py::test_bench_lookup_ngrams_run_each_lookup_branch_once_per_longest_matched_suffix",
+    "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 4 --temperatures 0 --max-new-tokens 128 "
+    "--dtype float32 --threads 2 --paths greedy --tree-nodes 8 --lookup-tokens 16 --lookup-ngrams 3 8 "
+    "--out docs/results/smollm2-135m-lookup-ngram-fp32":
+        "tests/test_cli.py::test_bench_lookup_ngrams_run_each_lookup_branch_once_per_longest_matched_suffix",
     # docs/training.md: the selector fine-tuned at the anchors decoding visits (the tiny target's 3-step drafter, 3
     # selector-only steps), measured teacher-forced at those anchors and by decoding.
     "dflash2-hf train --data runs/smollm2-data --out runs/sel/decoding --init-from dflash2_hf/drafters/smollm2-135m "
