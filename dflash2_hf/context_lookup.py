@@ -24,10 +24,9 @@ def lookup_continuation(
     """Up to ``length`` tokens that followed the latest earlier occurrence of the sequence's last n tokens.
 
     The longest suffix (up to ``max_ngram`` tokens, at least ``min_ngram``) that occurred earlier wins; among its
-    occurrences the latest one with at least one token after it. A longer match is a more specific precedent: in
-    code the line that shares the last eight tokens, not just the last three, is the one being repeated. Returns
-    ``[]`` when no suffix recurs or ``length`` < 1. One pass over the text: each earlier occurrence of the last token
-    is extended backwards.
+    occurrences the latest one with at least one token after it (a longer match is the more specific precedent).
+    Returns ``[]`` when no suffix recurs or ``length`` < 1. One pass over the text: each earlier occurrence of the
+    last token is extended backwards.
     """
     if length < 1 or len(tokens) < 2:
         return []
