@@ -311,6 +311,8 @@ DOCUMENTED_COMMANDS = {
     # The real SmolLM2 and shipped drafter (slow), 16 new tokens instead of 128.
     "python scripts/profile_cycle.py --out docs/results/profile-smollm2-135m-fp32.json":
         "tests/test_scripts.py::test_profile_script_times_every_step_of_the_cycle_and_writes_them",
+    "python scripts/profile_cycle.py --dtype bfloat16 --out docs/results/profile-smollm2-135m-bf16.json":
+        "tests/test_scripts.py::test_profile_script_times_every_step_of_the_cycle_and_writes_them",
     # docs/training.md: the Qwen2.5-Coder recipe, on the tiny target (a SmolLM2-vocabulary mask token) and a 3-prompt
     # chat file instead of ShareGPT's replies.
     "dflash2-hf data --target qwen2.5-coder-0.5b --out runs/qwen0.5b-data --limit 3000 --existing-responses "

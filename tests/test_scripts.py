@@ -30,10 +30,11 @@ def test_long_run_memory_script_records_the_peak_at_every_mark_and_writes_it(tmp
 
 @pytest.mark.slow
 def test_profile_script_times_every_step_of_the_cycle_and_writes_them(tmp_path):
-    """docs/results.md's `python scripts/profile_cycle.py --out ...` on 16 new tokens instead of 128."""
+    """docs/results.md's `python scripts/profile_cycle.py [--dtype bfloat16] --out ...` on 16 new tokens instead of
+    128 (in bf16, the dtype of the second profile)."""
     out = tmp_path / "profile.json"
     command = [sys.executable, str(ROOT / "scripts" / "profile_cycle.py"), "--max-new-tokens", "16", "--threads", "1",
-               "--out", str(out)]
+               "--dtype", "bfloat16", "--out", str(out)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.read_text())
