@@ -11,13 +11,15 @@ import platform
 import resource
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 import transformers
 from tqdm.auto import tqdm
 
+from .cpu_kernels import PackedLinears
 from .decoding import DraftRecord
 
 SELECTOR_PATHS = ("greedy", "viterbi", "expected")
@@ -35,7 +37,8 @@ class Decoded:
 
 @dataclass
 class Method:
-    """A decoding method: a name and the extra ``generate`` arguments that select it.
+    """A decoding method: a name, the extra ``generate`` arguments that select it and, optionally, packed linears
+    (:class:`~dflash2_hf.cpu_kernels.PackedLinears`) switched on around its calls.
 
     A method that does not decode through the target's ``generate`` (a peer in another process, say) overrides
     :meth:`decode`.
@@ -43,6 +46,7 @@ class Method:
 
     name: str
     generate_kwargs: dict = field(default_factory=dict)
+    linears: PackedLinears | None = None
 
     @property
     def uses_dflash(self) -> bool:
@@ -52,9 +56,21 @@ class Method:
         """Seed torch, run ``target.generate`` with this method's arguments (greedy at temperature 0) and time it."""
         sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
         torch.manual_seed(seed)
-        started = time.perf_counter()
-        output = target.generate(inputs, max_new_tokens=max_new_tokens, **sampling, **self.generate_kwargs)
-        return Decoded(output, time.perf_counter() - started)
+        with self.linears or nullcontext():
+            started = time.perf_counter()
+            output = target.generate(inputs, max_new_tokens=max_new_tokens, **sampling, **self.generate_kwargs)
+            return Decoded(output, time.perf_counter() - started)
+
+
+def with_packed_linears(methods: list[Method], linears: PackedLinears) -> list[Method]:
+    """Each method followed by its twin on packed linears (named ``... packed``); methods that do not decode
+    through the target's ``generate`` (peers) have no twin."""
+    twins = []
+    for method in methods:
+        twins.append(method)
+        if type(method) is Method:
+            twins.append(replace(method, name=f"{method.name} packed", linears=linears))
+    return twins
 
 
 def standard_methods(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from .cpu_kernels import PackedLinears, packed_linears_supported
 from .drafting import DraftOptions
 from .export import describe_drafter
 from .lattice import PathStrategy
@@ -193,6 +194,15 @@ def heldout(args: argparse.Namespace) -> None:
                                               "acceptance": acceptance}, indent=2))
 
 
+def check_packed_linears(args: argparse.Namespace, command: str) -> None:
+    """Refuse --packed-linears, before any model loads, where it cannot run as documented."""
+    if args.packed_linears and args.dtype != "bfloat16":
+        raise SystemExit(f"dflash2-hf {command}: --packed-linears packs bf16 weights; add --dtype bfloat16.")
+    if args.packed_linears and not packed_linears_supported():
+        raise SystemExit(f"dflash2-hf {command}: --packed-linears needs a CPU whose bf16 matmuls run through oneDNN "
+                         "(AVX512-BF16 or AMX); this one has neither.")
+
+
 def generate(args: argparse.Namespace) -> None:
     """Answer a prompt with the drafter (streamed), then plain decoding, and report the speedup of this run."""
     import time
@@ -201,9 +211,12 @@ def generate(args: argparse.Namespace) -> None:
 
     from .presets import default_drafter_folder, load_target
 
+    check_packed_linears(args, "generate")
     dtype = getattr(torch, args.dtype)
     target, tokenizer = load_target(args.target, dtype=dtype)
     drafter = DFlashDraftModel.from_pretrained(args.drafter or default_drafter_folder(args.target), dtype=dtype).eval()
+    if args.packed_linears:  # for ours and the plain baseline alike
+        PackedLinears(target, drafter).enable()
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     messages = [{"role": "user", "content": prompt}]
     inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
@@ -247,7 +260,7 @@ def bench(args: argparse.Namespace) -> None:
     """Every decoding method side by side on held-out prompts; writes results.json, results.md and plots."""
     from contextlib import ExitStack
 
-    from .benchmark import Benchmark, standard_methods, write_report
+    from .benchmark import Benchmark, standard_methods, with_packed_linears, write_report
     from .block_length import cycle_cost_for
     from .evaluation import benchmark_prompts, check_per_source
     from .llama_cpp_peer import LlamaCppError, LlamaCppMethod
@@ -264,6 +277,7 @@ def bench(args: argparse.Namespace) -> None:
         raise SystemExit("dflash2-hf bench: --lookup-ngrams sets how the lookup branch matches; give --lookup-tokens too.")
     if args.lookup_ngrams and min(args.lookup_ngrams) < 1:
         raise SystemExit("dflash2-hf bench: --lookup-ngrams must be >= 1.")
+    check_packed_linears(args, "bench")
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     drafter_folder = None if args.no_drafter else args.drafter or default_drafter_folder(args.target)
@@ -272,7 +286,8 @@ def bench(args: argparse.Namespace) -> None:
     settings = {"target": args.target, "drafter": drafter_folder and str(drafter_folder),
                 "block_sizes": args.block_sizes, "tree_nodes": args.tree_nodes, "lookup_tokens": args.lookup_tokens,
                 "lookup_ngrams": args.lookup_ngrams, "dtype": args.dtype, "threads": args.threads,
-                "max_new_tokens": args.max_new_tokens, "prompts": args.prompts, "per_source": args.per_source}
+                "max_new_tokens": args.max_new_tokens, "prompts": args.prompts, "per_source": args.per_source,
+                "packed_linears": args.packed_linears}
     try:
         with ExitStack() as stack:
             peer = None
@@ -305,6 +320,8 @@ def bench(args: argparse.Namespace) -> None:
             methods = standard_methods(drafter, args.paths, assistant, block_sizes=args.block_sizes,
                                        cycle_cost=cycle_cost, tree_nodes=args.tree_nodes,
                                        lookup_tokens=args.lookup_tokens, lookup_ngrams=args.lookup_ngrams)
+            if args.packed_linears:
+                methods = with_packed_linears(methods, PackedLinears(*(m for m in (target, drafter, assistant) if m)))
             methods += [ReferenceMethod(peer)] if peer else []
             methods += [llama] if llama else []
             runs = Benchmark(target, methods, max_new_tokens=args.max_new_tokens).run(prompts, args.temperatures)
@@ -431,6 +448,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                      help="float32 (default): greedy output token-identical to plain decoding")
     run.add_argument("--no-baseline", action="store_true", help="skip the plain-decoding comparison")
+    run.add_argument("--packed-linears", action="store_true",
+                     help="with --dtype bfloat16: pack every linear weight once for oneDNN (same results, faster; "
+                          "ours and the baseline alike)")
     run.add_argument("--tree-nodes", type=int,
                      help="verify a token tree of up to this many drafted tokens in one target forward (0: one path; "
                           "default: the drafter's, 8 for the shipped one)")
@@ -465,6 +485,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     measure.add_argument("--lookup-ngrams", nargs="+", type=int, metavar="M",
                          help="with --lookup-tokens, run each lookup branch once per longest matched suffix of M "
                               "tokens (max_matching_ngram_size; default: one run at 8)")
+    measure.add_argument("--packed-linears", action="store_true",
+                         help="with --dtype bfloat16: also run every method with its linear weights packed once for "
+                              "oneDNN (names end in 'packed')")
     measure.add_argument("--llama-cpp", action="store_true",
                          help="add llama.cpp's plain decoding of the preset's GGUF file (needs llama-cpp-python)")
     measure.add_argument("--no-drafter", action="store_true",
