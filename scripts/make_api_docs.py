@@ -27,6 +27,7 @@ MODULES = [
     "tree",
     "context_lookup",
     "tree_decoding",
+    "cpu_kernels",
     "training",
     "data",
     "code_prompts",

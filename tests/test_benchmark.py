@@ -109,3 +109,27 @@ def test_a_report_without_drafting_methods_has_no_empty_acceptance_table(tmp_pat
     runs = [Run(m, i, "code", 0.0, 10, 1.0) for m in ("plain", "prompt lookup") for i in range(2)]
     write_report(runs, tmp_path, "dflash2-hf bench (test)", {})
     assert "Mean acceptance length" not in (tmp_path / "results.md").read_text()
+
+
+def test_packed_linears_give_each_generate_method_a_packed_twin():
+    from dflash2_hf.benchmark import Method, with_packed_linears
+    from dflash2_hf.cpu_kernels import PackedLinears, packed_linears_supported
+
+    if not packed_linears_supported():
+        pytest.skip("this CPU has no oneDNN bf16 matmuls")
+    target, drafter = tiny_target("qwen3").to(torch.bfloat16), tiny_drafter("dflash2").to(torch.bfloat16)
+
+    class Peer(Method):  # decodes outside the target's generate, as the llama.cpp and reference peers do
+        pass
+
+    methods = with_packed_linears(standard_methods(drafter, paths=("greedy",)) + [Peer("peer")],
+                                  PackedLinears(target, drafter))
+    names = [m.name for m in methods]
+    assert names[:4] == ["plain", "plain packed", "prompt lookup", "prompt lookup packed"]
+    assert "peer" in names and "peer packed" not in names
+    prompt = torch.randint(0, 90, (1, 10), generator=torch.Generator().manual_seed(0))
+    runs = Benchmark(target, [m for m in methods if m.name.startswith("dflash2 greedy")], max_new_tokens=16).run(
+        [("code", prompt)], [0.0])
+    assert [r.method for r in runs] == ["dflash2 greedy", "dflash2 greedy packed"]
+    assert runs[0].acceptance_lengths == runs[1].acceptance_lengths, "the same tokens, cycle by cycle"
+    assert not any("forward" in vars(layer) for layer in methods[1].linears.layers), "switched off after each call"

@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 
 from dflash2_hf import DFlash2DraftModel, DFlashDraftModel
 from dflash2_hf.cli import main
+from dflash2_hf.cpu_kernels import packed_linears_supported
 from dflash2_hf.code_prompts import code_request
 from dflash2_hf.data import describe_data, read_responses
 from dflash2_hf.presets import SMOLLM2_135M
@@ -468,6 +469,12 @@ def test_bench_lookup_ngrams_without_a_lookup_branch_or_below_one_are_refused_be
         main(["bench", "--target", str(tmp_path / "no-such-model"), *options, "--out", str(tmp_path)])
 
 
+@pytest.mark.parametrize("command", ["bench", "generate"])
+def test_packed_linears_in_float32_are_refused_before_loading(tmp_path, command):
+    with pytest.raises(SystemExit, match=f"dflash2-hf {command}: --packed-linears packs bf16 weights; add --dtype bfloat16"):
+        main([command, "--target", str(tmp_path / "no-such-model"), "--packed-linears", "--dtype", "float32"])
+
+
 def test_bench_refuses_more_sharegpt_prompts_than_are_held_out_before_loading(tmp_path):
     with pytest.raises(SystemExit, match="ShareGPT holds out 100 benchmark prompts"):
         main(["bench", "--target", str(tmp_path / "no-such-model"), "--prompts", "sharegpt", "--per-source", "101",
@@ -508,6 +515,23 @@ def test_generate_with_a_tree_and_a_lookup_branch_matches_plain_decoding(target,
                    "--lookup-tokens", "4"])
     assert "--- dflash2 (greedy, tree of 6 + lookup of 4): 8 tokens" in printed
     assert "--- identical to plain decoding: yes" in printed
+
+
+@pytest.mark.skipif(not packed_linears_supported(), reason="this CPU has no oneDNN bf16 matmuls")
+def test_generate_with_packed_linears_streams_the_same_answer(target, trained):
+    command = ["generate", "Write a Python function that reverses a string.", "--target", target, "--drafter",
+               str(trained / "drafter"), "--max-new-tokens", "8", "--dtype", "bfloat16", "--no-baseline"]
+    answer = run(command).split("--- dflash2")[0]
+    assert run([*command, "--packed-linears"]).split("--- dflash2")[0] == answer
+
+
+@pytest.mark.skipif(not packed_linears_supported(), reason="this CPU has no oneDNN bf16 matmuls")
+def test_bench_packed_linears_run_every_method_also_packed(target, trained, tmp_path):
+    report = bench_once("--target", target, "--drafter", str(trained / "drafter"), "--paths", "greedy",
+                        "--dtype", "bfloat16", "--packed-linears", "--out", str(tmp_path / "report"))
+    rows = {row["method"] for row in report["summary"]}
+    assert {"plain", "plain packed", "dflash2 greedy", "dflash2 greedy packed"} <= rows
+    assert report["settings"]["packed_linears"] is True
 
 
 def test_data_existing_responses_takes_the_chat_files_replies_without_generating(target, tmp_path):

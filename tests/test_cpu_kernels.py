@@ -81,3 +81,25 @@ def test_weights_not_in_bf16_are_refused_by_layer_name():
 def test_a_cpu_without_onednn_bf16_is_refused(bf16_target):
     with pytest.raises(ValueError, match="need a CPU whose bf16 matmuls run through oneDNN"):
         PackedLinears(bf16_target)
+
+
+@needs_onednn_bf16
+@pytest.mark.slow
+def test_smollm2_decodes_the_same_tokens_on_packed_linears():
+    """The real SmolLM2-135M and its shipped drafter in bf16 (oneDNN's own choice of kernels for these shapes), one
+    HumanEval prompt: plain decoding and the default tree + lookup give the same tokens packed and unpacked."""
+    from dflash2_hf import DFlashDraftModel
+    from dflash2_hf.evaluation import benchmark_prompts
+    from dflash2_hf.presets import default_drafter_folder, load_target
+
+    target, tokenizer = load_target("smollm2-135m", dtype=torch.bfloat16)
+    drafter = DFlashDraftModel.from_pretrained(default_drafter_folder("smollm2-135m"), dtype=torch.bfloat16).eval()
+    (_, prompt), = benchmark_prompts(tokenizer, ["humaneval"], 1)
+
+    def decode(**kwargs):
+        return target.generate(prompt, max_new_tokens=48, do_sample=False, **kwargs)
+
+    plain, ours = decode(), decode(assistant_model=drafter)
+    with PackedLinears(target, drafter):
+        assert torch.equal(decode(), plain)
+        assert torch.equal(decode(assistant_model=drafter), ours)

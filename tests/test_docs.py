@@ -313,6 +313,18 @@ DOCUMENTED_COMMANDS = {
         "tests/test_scripts.py::test_profile_script_times_every_step_of_the_cycle_and_writes_them",
     "python scripts/profile_cycle.py --dtype bfloat16 --out docs/results/profile-smollm2-135m-bf16.json":
         "tests/test_scripts.py::test_profile_script_times_every_step_of_the_cycle_and_writes_them",
+    "python scripts/profile_cycle.py --dtype bfloat16 --packed-linears "
+    "--out docs/results/profile-smollm2-135m-bf16-packed.json":
+        "tests/test_scripts.py::test_profile_script_times_every_step_of_the_cycle_and_writes_them",
+    # docs/results.md: packed bf16 linears next to llama.cpp (slow: SmolLM2, 1 HumanEval prompt, 8 new tokens).
+    "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 4 --temperatures 0 --max-new-tokens 128 "
+    "--dtype bfloat16 --threads 2 --paths greedy --tree-nodes 8 --lookup-tokens 16 --packed-linears --llama-cpp "
+    "--out docs/results/smollm2-135m-packed-bf16":
+        "tests/test_llama_cpp_peer.py::test_bench_runs_every_method_also_on_packed_linears_next_to_llama_cpp",
+    # docs/generation.md: packed linears on the command line (the tiny target in bf16).
+    "dflash2-hf generate --dtype bfloat16 --packed-linears":
+        "tests/test_cli.py::test_generate_with_packed_linears_streams_the_same_answer",
+    "dflash2-hf bench --dtype bfloat16 --packed-linears": "tests/test_cli.py::test_bench_packed_linears_run_every_method_also_packed",
     # docs/training.md: the Qwen2.5-Coder recipe, on the tiny target (a SmolLM2-vocabulary mask token) and a 3-prompt
     # chat file instead of ShareGPT's replies.
     "dflash2-hf data --target qwen2.5-coder-0.5b --out runs/qwen0.5b-data --limit 3000 --existing-responses "

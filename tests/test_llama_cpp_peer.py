@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from dflash2_hf.cli import main
+from dflash2_hf.cpu_kernels import packed_linears_supported
 from dflash2_hf.evaluation import benchmark_prompts
 from dflash2_hf.llama_cpp_peer import LlamaCppMethod
 from dflash2_hf.presets import SHIPPED_DRAFTERS, SMOLLM2_135M, load_target
@@ -83,3 +84,16 @@ def test_bench_runs_llama_cpp_without_a_drafter(tmp_path):
                           "--llama-cpp")
     assert {row["method"] for row in report["summary"]} == {"plain", "prompt lookup", "assisted (draft LM)",
                                                             "llama.cpp plain (GGUF)"}
+
+
+def test_bench_runs_every_method_also_on_packed_linears_next_to_llama_cpp(tmp_path):
+    """docs/results.md's bf16 run with `--packed-linears --llama-cpp` (one tree size with its lookup branch)."""
+    if not packed_linears_supported():
+        pytest.skip("this CPU has no oneDNN bf16 matmuls")
+    report = bench_report(tmp_path, "--target", "smollm2-135m", "--dtype", "bfloat16", "--paths", "greedy",
+                          "--tree-nodes", "8", "--lookup-tokens", "16", "--packed-linears", "--llama-cpp")
+    rows = {row["method"]: row for row in report["summary"]}
+    assert {"plain packed", "dflash2 greedy tree8 lookup16 packed", "llama.cpp plain (GGUF)"} <= set(rows)
+    assert "llama.cpp plain (GGUF) packed" not in rows
+    ours, packed = rows["dflash2 greedy tree8 lookup16"], rows["dflash2 greedy tree8 lookup16 packed"]
+    assert packed["mean_acceptance_length"] == ours["mean_acceptance_length"], "the same tokens accepted"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from dflash2_hf.cpu_kernels import packed_linears_supported
 from dflash2_hf.presets import default_drafter_folder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,11 +31,12 @@ def test_long_run_memory_script_records_the_peak_at_every_mark_and_writes_it(tmp
 
 @pytest.mark.slow
 def test_profile_script_times_every_step_of_the_cycle_and_writes_them(tmp_path):
-    """docs/results.md's `python scripts/profile_cycle.py [--dtype bfloat16] --out ...` on 16 new tokens instead of
-    128 (in bf16, the dtype of the second profile)."""
+    """docs/results.md's `python scripts/profile_cycle.py [--dtype bfloat16 [--packed-linears]] --out ...` on 16 new
+    tokens instead of 128 (in bf16, the dtype of the later profiles; packed where this CPU runs packed linears)."""
     out = tmp_path / "profile.json"
+    packed = ["--packed-linears"] if packed_linears_supported() else []
     command = [sys.executable, str(ROOT / "scripts" / "profile_cycle.py"), "--max-new-tokens", "16", "--threads", "1",
-               "--dtype", "bfloat16", "--out", str(out)]
+               "--dtype", "bfloat16", *packed, "--out", str(out)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.read_text())
@@ -44,6 +46,7 @@ def test_profile_script_times_every_step_of_the_cycle_and_writes_them(tmp_path):
     assert sum(steps.values()) == pytest.approx(record["seconds"], rel=0.05)
     assert record["cycles"] > 0 and record["new_tokens"] == 16
     assert "| verify_forward |" in result.stdout
+    assert record["packed_linears"] is bool(packed)
 
 
 @pytest.mark.slow
