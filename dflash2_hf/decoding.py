@@ -25,7 +25,7 @@ from .block_length import CycleCost, cycle_cost_for
 from .drafting import BlockDrafter, DraftOptions
 from .lattice import PathStrategy, path_confidences, sample_path, select_path
 from .modeling import DFlashDraftModel
-from .verification import SparseDistribution, Verdict, verify_greedy, verify_sampled
+from .verification import SparseDistribution, Verdict, greedy_choices, verify_greedy, verify_sampled
 
 
 @dataclass
@@ -277,7 +277,7 @@ class DFlashDecoder:
     ) -> Verdict:
         if not self.do_sample:
             if len(self.logits_processor) == 0 and not (self.keep_scores or self.keep_logits):
-                choices = logits.argmax(dim=-1).tolist()
+                choices = greedy_choices(logits)
                 return verify_greedy(path, choices.__getitem__)
             return verify_greedy(path, lambda i: int(self._processed(candidates, first_prefix + i, logits[i]).argmax()))
         return verify_sampled(

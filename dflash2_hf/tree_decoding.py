@@ -19,7 +19,7 @@ from .decoding import DFlashDecoder, DraftRecord
 from .lattice import PathStrategy
 from .tree import (ROOT, DraftTree, check_tree_cache, keep_branch, likeliest_tree, sampled_tree,
                    worthwhile_tree_size)
-from .verification import TreeVerdict, verify_tree_greedy, verify_tree_sampled
+from .verification import TreeVerdict, greedy_choices, verify_tree_greedy, verify_tree_sampled
 
 
 class TreeDecoder(DFlashDecoder):
@@ -94,7 +94,7 @@ class TreeDecoder(DFlashDecoder):
 
         if not self.do_sample:
             if len(self.logits_processor) == 0 and not (self.keep_scores or self.keep_logits):
-                choices = logits.argmax(dim=-1).tolist()
+                choices = greedy_choices(logits)
                 return verify_tree_greedy(tree, lambda node: choices[row(node)])
             return verify_tree_greedy(tree, lambda node: int(processed(node).argmax()))
         return verify_tree_sampled(tree, lambda node: torch.softmax(processed(node), dim=-1))

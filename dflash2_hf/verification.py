@@ -45,6 +45,12 @@ class Verdict:
     emitted: list[int]
 
 
+def greedy_choices(logits: torch.Tensor) -> list[int]:
+    """The target's greedy token at every row of ``logits`` ``[rows, vocab]``: the first highest logit, as ``argmax``
+    picks it (``max`` returns the same index and, on bf16 logits on the CPU, runs several times faster)."""
+    return logits.max(dim=-1).indices.tolist()
+
+
 def verify_greedy(path: list[int], target_choice: Callable[[int], int]) -> Verdict:
     """Keep drafted tokens while they equal ``target_choice(i)`` (the target's argmax at position ``i``)."""
     for position, token in enumerate(path):

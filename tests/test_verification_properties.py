@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from dflash2_hf.verification import (
     SparseDistribution,
     acceptance_probability,
+    greedy_choices,
     rejection_distribution,
     verify_greedy,
     verify_sampled,
@@ -251,3 +252,12 @@ def test_the_exactness_search_finds_a_counterexample_to_resampling_from_p() -> N
         settings=settings(database=None, max_examples=300),
     )
     assert deviation(first_token_distribution(p, q), p) < TOLERANCE
+
+
+def test_greedy_choices_pick_the_first_highest_logit_as_argmax_does() -> None:
+    generator = torch.Generator().manual_seed(0)
+    logits = (3 * torch.randn(25, 4096, generator=generator)).round().to(torch.bfloat16)  # many tied maxima
+    logits[0, [7, 4000]] = 100.0
+    choices = greedy_choices(logits)
+    assert choices == logits.float().argmax(dim=-1).tolist()
+    assert choices[0] == 7
