@@ -48,6 +48,15 @@ def test_decoding_with_packed_linears_gives_the_same_tokens(bf16_target, bf16_dr
 
 
 @needs_onednn_bf16
+def test_layers_with_a_bias_give_the_same_tokens_packed():
+    target = tiny_target("qwen2", seed=2).to(torch.bfloat16)  # Qwen2: q, k and v projections carry biases
+    assert target.model.layers[0].self_attn.q_proj.bias is not None
+    plain = target.generate(PROMPT, max_new_tokens=24, do_sample=False)
+    with PackedLinears(target):
+        assert torch.equal(target.generate(PROMPT, max_new_tokens=24, do_sample=False), plain)
+
+
+@needs_onednn_bf16
 def test_disable_gives_each_layer_its_own_forward_back(bf16_target):
     packed = PackedLinears(bf16_target).enable()
     assert all("forward" in vars(layer) for layer in packed.layers)

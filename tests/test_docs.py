@@ -321,6 +321,10 @@ DOCUMENTED_COMMANDS = {
     "--dtype bfloat16 --threads 2 --paths greedy --tree-nodes 8 --lookup-tokens 16 --packed-linears --llama-cpp "
     "--out docs/results/smollm2-135m-packed-bf16":
         "tests/test_llama_cpp_peer.py::test_bench_runs_every_method_also_on_packed_linears_next_to_llama_cpp",
+    "dflash2-hf bench --target qwen2.5-coder-0.5b --no-drafter --llama-cpp --packed-linears --prompts humaneval "
+    "mtbench --per-source 2 --temperatures 0 --max-new-tokens 64 --dtype bfloat16 --threads 2 "
+    "--out docs/results/qwen2.5-coder-0.5b-packed":
+        "tests/test_llama_cpp_peer.py::test_bench_without_a_drafter_runs_packed_twins_next_to_llama_cpp",
     # docs/generation.md: packed linears on the command line (the tiny target in bf16).
     "dflash2-hf generate --dtype bfloat16 --packed-linears":
         "tests/test_cli.py::test_generate_with_packed_linears_streams_the_same_answer",

@@ -97,3 +97,13 @@ def test_bench_runs_every_method_also_on_packed_linears_next_to_llama_cpp(tmp_pa
     assert "llama.cpp plain (GGUF) packed" not in rows
     ours, packed = rows["dflash2 greedy tree8 lookup16"], rows["dflash2 greedy tree8 lookup16 packed"]
     assert packed["mean_acceptance_length"] == ours["mean_acceptance_length"], "the same tokens accepted"
+
+
+def test_bench_without_a_drafter_runs_packed_twins_next_to_llama_cpp(tmp_path):
+    """docs/results.md's Qwen2.5-Coder-0.5B run with `--no-drafter --llama-cpp --packed-linears`, on SmolLM2."""
+    if not packed_linears_supported():
+        pytest.skip("this CPU has no oneDNN bf16 matmuls")
+    report = bench_report(tmp_path, "--target", "smollm2-135m", "--no-drafter", "--dtype", "bfloat16",
+                          "--packed-linears", "--llama-cpp")
+    assert {row["method"] for row in report["summary"]} == {"plain", "plain packed", "prompt lookup",
+                                                            "prompt lookup packed", "llama.cpp plain (GGUF)"}
