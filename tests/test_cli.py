@@ -23,7 +23,7 @@ from conftest import PUBLISHED, REFERENCE, tiny_drafter_config, tiny_target
 from safetensors.torch import load_file
 
 from dflash2_hf import DFlash2DraftModel, DFlashDraftModel
-from dflash2_hf.cli import main
+from dflash2_hf.cli import identity_verdict, main
 from dflash2_hf.cpu_kernels import packed_linears_supported
 from dflash2_hf.code_prompts import code_request
 from dflash2_hf.data import describe_data, read_responses
@@ -361,6 +361,12 @@ def test_generate_streams_the_answer_and_matches_plain_decoding(target, trained)
     assert "--- dflash2 (greedy, one path of 3): 8 tokens" in printed  # the tiny drafter sets no default tree
     assert "--- plain decoding: 8 tokens" in printed
     assert "--- identical to plain decoding: yes" in printed
+
+
+def test_a_bf16_difference_from_plain_decoding_is_explained_and_an_fp32_one_is_not():
+    assert identity_verdict(True, "bfloat16") == identity_verdict(True, "float32") == "yes"
+    assert identity_verdict(False, "float32") == "NO"
+    assert "--dtype float32 is the exact setting" in identity_verdict(False, "bfloat16")
 
 
 def test_generate_reads_the_prompt_from_stdin_and_samples_without_a_baseline(target, trained, monkeypatch):
