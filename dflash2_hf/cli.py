@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from .cpu_kernels import PackedLinears, packed_linears_supported
+from .exact_attention import ExactAttention
 from .drafting import DraftOptions
 from .export import describe_drafter
 from .lattice import PathStrategy
@@ -194,22 +195,27 @@ def heldout(args: argparse.Namespace) -> None:
                                               "acceptance": acceptance}, indent=2))
 
 
-def check_packed_linears(args: argparse.Namespace, command: str) -> None:
-    """Refuse --packed-linears, before any model loads, where it cannot run as documented."""
-    if args.packed_linears and args.dtype != "bfloat16":
-        raise SystemExit(f"dflash2-hf {command}: --packed-linears packs bf16 weights; add --dtype bfloat16.")
-    if args.packed_linears and not packed_linears_supported():
-        raise SystemExit(f"dflash2-hf {command}: --packed-linears needs a CPU whose bf16 matmuls run through oneDNN "
-                         "(AVX512-BF16 or AMX); this one has neither.")
+def check_bf16_cpu_options(args: argparse.Namespace, command: str) -> None:
+    """Refuse --packed-linears and --exact-attention, before any model loads, where they cannot run as documented:
+    both are for bf16 weights, and both rely on oneDNN's bf16 matmuls (same results packed; row-wise results)."""
+    for flag, chosen, why in (("--packed-linears", args.packed_linears, "packs bf16 weights"),
+                              ("--exact-attention", args.exact_attention,
+                               "makes bf16 decoding exact (float32 is exact already)")):
+        if chosen and args.dtype != "bfloat16":
+            raise SystemExit(f"dflash2-hf {command}: {flag} {why}; add --dtype bfloat16.")
+        if chosen and not packed_linears_supported():
+            raise SystemExit(f"dflash2-hf {command}: {flag} needs a CPU whose bf16 matmuls run through oneDNN "
+                             "(AVX512-BF16 or AMX); this one has neither.")
 
 
-def identity_verdict(identical: bool, dtype: str) -> str:
-    """``yes`` or ``NO``; a bf16 difference is explained, since only fp32 promises identical greedy output."""
+def identity_verdict(identical: bool, dtype: str, exact_attention: bool = False) -> str:
+    """``yes`` or ``NO``; a bf16 difference is explained, since only fp32 (or bf16 with the exact attention)
+    promises identical greedy output."""
     if identical:
         return "yes"
-    if dtype == "bfloat16":
+    if dtype == "bfloat16" and not exact_attention:
         return ("no (bf16 promises no identity: a many-token verification can round differently from one-token "
-                "steps; --dtype float32 is the exact setting)")
+                "steps; --dtype float32, or --exact-attention, is the exact setting)")
     return "NO"
 
 
@@ -221,12 +227,14 @@ def generate(args: argparse.Namespace) -> None:
 
     from .presets import default_drafter_folder, load_target
 
-    check_packed_linears(args, "generate")
+    check_bf16_cpu_options(args, "generate")
     dtype = getattr(torch, args.dtype)
     target, tokenizer = load_target(args.target, dtype=dtype)
     drafter = DFlashDraftModel.from_pretrained(args.drafter or default_drafter_folder(args.target), dtype=dtype).eval()
     if args.packed_linears:  # for ours and the plain baseline alike
         PackedLinears(target, drafter).enable()
+    if args.exact_attention:  # the target's, for ours and the plain baseline alike
+        ExactAttention(target).enable()
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     messages = [{"role": "user", "content": prompt}]
     inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
@@ -263,7 +271,8 @@ def generate(args: argparse.Namespace) -> None:
     speedup = (new_tokens / ours_seconds) / (plain_tokens / plain_seconds)
     print(f"--- plain decoding: {plain_tokens} tokens, {plain_tokens / plain_seconds:.1f} tok/s; speedup {speedup:.2f}x")
     if not sampling["do_sample"]:
-        print(f"--- identical to plain decoding: {identity_verdict(torch.equal(ours, plain), args.dtype)}")
+        verdict = identity_verdict(torch.equal(ours, plain), args.dtype, args.exact_attention)
+        print(f"--- identical to plain decoding: {verdict}")
 
 
 def bench(args: argparse.Namespace) -> None:
@@ -287,7 +296,7 @@ def bench(args: argparse.Namespace) -> None:
         raise SystemExit("dflash2-hf bench: --lookup-ngrams sets how the lookup branch matches; give --lookup-tokens too.")
     if args.lookup_ngrams and min(args.lookup_ngrams) < 1:
         raise SystemExit("dflash2-hf bench: --lookup-ngrams must be >= 1.")
-    check_packed_linears(args, "bench")
+    check_bf16_cpu_options(args, "bench")
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     drafter_folder = None if args.no_drafter else args.drafter or default_drafter_folder(args.target)
@@ -297,7 +306,7 @@ def bench(args: argparse.Namespace) -> None:
                 "block_sizes": args.block_sizes, "tree_nodes": args.tree_nodes, "lookup_tokens": args.lookup_tokens,
                 "lookup_ngrams": args.lookup_ngrams, "dtype": args.dtype, "threads": args.threads,
                 "max_new_tokens": args.max_new_tokens, "prompts": args.prompts, "per_source": args.per_source,
-                "packed_linears": args.packed_linears}
+                "packed_linears": args.packed_linears, "exact_attention": args.exact_attention}
     try:
         with ExitStack() as stack:
             peer = None
@@ -314,6 +323,8 @@ def bench(args: argparse.Namespace) -> None:
                 llama = LlamaCppMethod(folder / gguf_file, threads=args.threads)
                 settings["llama_cpp"] = llama.version
             target, tokenizer = load_target(args.target, dtype=dtype)
+            if args.exact_attention:  # every method's target, plain decoding included
+                ExactAttention(target).enable()
             drafter = DFlashDraftModel.from_pretrained(drafter_folder, dtype=dtype).eval() if drafter_folder else None
             if drafter is not None:  # the selector's overhead in parameters, next to its share of the cycle time
                 described = describe_drafter(drafter_folder)
@@ -461,6 +472,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--packed-linears", action="store_true",
                      help="with --dtype bfloat16: pack every linear weight once for oneDNN (same results, faster; "
                           "ours and the baseline alike)")
+    run.add_argument("--exact-attention", action="store_true",
+                     help="with --dtype bfloat16: the target attends in float64 (slower), so greedy output is "
+                          "token-identical to plain decoding with that attention (ours and the baseline alike)")
     run.add_argument("--tree-nodes", type=int,
                      help="verify a token tree of up to this many drafted tokens in one target forward (0: one path; "
                           "default: the drafter's, 8 for the shipped one)")
@@ -498,6 +512,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     measure.add_argument("--packed-linears", action="store_true",
                          help="with --dtype bfloat16: also run every method with its linear weights packed once for "
                               "oneDNN (names end in 'packed')")
+    measure.add_argument("--exact-attention", action="store_true",
+                         help="with --dtype bfloat16: the target attends in float64 in every method, plain included "
+                              "(greedy bf16 output then identical to plain decoding)")
     measure.add_argument("--llama-cpp", action="store_true",
                          help="add llama.cpp's plain decoding of the preset's GGUF file (needs llama-cpp-python)")
     measure.add_argument("--no-drafter", action="store_true",

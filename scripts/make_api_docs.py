@@ -28,6 +28,7 @@ MODULES = [
     "context_lookup",
     "tree_decoding",
     "cpu_kernels",
+    "exact_attention",
     "training",
     "data",
     "code_prompts",

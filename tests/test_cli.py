@@ -366,7 +366,11 @@ def test_generate_streams_the_answer_and_matches_plain_decoding(target, trained)
 def test_a_bf16_difference_from_plain_decoding_is_explained_and_an_fp32_one_is_not():
     assert identity_verdict(True, "bfloat16") == identity_verdict(True, "float32") == "yes"
     assert identity_verdict(False, "float32") == "NO"
-    assert "--dtype float32 is the exact setting" in identity_verdict(False, "bfloat16")
+    assert "--dtype float32, or --exact-attention, is the exact setting" in identity_verdict(False, "bfloat16")
+
+
+def test_a_bf16_difference_with_the_exact_attention_is_not_excused():
+    assert identity_verdict(False, "bfloat16", exact_attention=True) == "NO"
 
 
 def test_generate_reads_the_prompt_from_stdin_and_samples_without_a_baseline(target, trained, monkeypatch):
@@ -481,6 +485,13 @@ def test_packed_linears_in_float32_are_refused_before_loading(tmp_path, command)
         main([command, "--target", str(tmp_path / "no-such-model"), "--packed-linears", "--dtype", "float32"])
 
 
+@pytest.mark.parametrize("command", ["bench", "generate"])
+def test_exact_attention_in_float32_is_refused_before_loading(tmp_path, command):
+    with pytest.raises(SystemExit, match=f"dflash2-hf {command}: --exact-attention makes bf16 decoding exact "
+                                         r"\(float32 is exact already\); add --dtype bfloat16"):
+        main([command, "--target", str(tmp_path / "no-such-model"), "--exact-attention", "--dtype", "float32"])
+
+
 def test_bench_refuses_more_sharegpt_prompts_than_are_held_out_before_loading(tmp_path):
     with pytest.raises(SystemExit, match="ShareGPT holds out 100 benchmark prompts"):
         main(["bench", "--target", str(tmp_path / "no-such-model"), "--prompts", "sharegpt", "--per-source", "101",
@@ -529,6 +540,22 @@ def test_generate_with_packed_linears_streams_the_same_answer(target, trained):
                str(trained / "drafter"), "--max-new-tokens", "8", "--dtype", "bfloat16", "--no-baseline"]
     answer = run(command).split("--- dflash2")[0]
     assert run([*command, "--packed-linears"]).split("--- dflash2")[0] == answer
+
+
+@pytest.mark.skipif(not packed_linears_supported(), reason="this CPU has no oneDNN bf16 matmuls")
+def test_generate_in_bf16_with_the_exact_attention_matches_plain_decoding(target, trained):
+    printed = run(["generate", "Write a Python function that reverses a string.", "--target", target, "--drafter",
+                   str(trained / "drafter"), "--max-new-tokens", "16", "--dtype", "bfloat16", "--exact-attention",
+                   "--tree-nodes", "6", "--lookup-tokens", "4"])
+    assert "--- identical to plain decoding: yes" in printed
+
+
+@pytest.mark.skipif(not packed_linears_supported(), reason="this CPU has no oneDNN bf16 matmuls")
+def test_bench_runs_with_the_exact_attention_and_records_it(target, trained, tmp_path):
+    report = bench_once("--target", target, "--drafter", str(trained / "drafter"), "--paths", "greedy",
+                        "--dtype", "bfloat16", "--exact-attention", "--out", str(tmp_path / "report"))
+    assert report["settings"]["exact_attention"] is True
+    assert {"plain", "dflash2 greedy"} <= {row["method"] for row in report["summary"]}
 
 
 @pytest.mark.skipif(not packed_linears_supported(), reason="this CPU has no oneDNN bf16 matmuls")

@@ -1,0 +1,93 @@
+"""Exact greedy decoding in bf16: an attention whose result does not depend on how many tokens a forward holds.
+
+Speculative decoding verifies many tokens in one target forward; plain decoding runs one token per forward. In
+fp32 both give the same logits closely enough that greedy output is identical. In bf16 they need not: the stock
+attention kernels (sdpa, eager) reduce over keys in an order that depends on the block's shape, and a rounding
+difference in bf16 can flip a near-tie, after which the two decodings go separate ways.
+
+The attention registered here, :data:`EXACT_ATTENTION`, computes the scores, the softmax and the weighted sum of
+values in float64 and rounds once, at the end, to the model's dtype. Differences of summation order then sit near
+1e-16, far below bf16's resolution (~4e-3), so each query row gets the same bf16 result in a block as alone (except
+for a value lying within ~1e-16 of a bf16 rounding boundary, which at ~1e-14 per value is not seen in practice).
+The other layers of a Llama/Qwen2-style model are row-wise already: norms, rotary embeddings and, on CPUs whose
+bf16 matmuls run through oneDNN (AVX512-BF16 / AMX; :func:`~dflash2_hf.cpu_kernels.packed_linears_supported`),
+the linear layers, bit for bit. With this attention on the target, greedy decoding with a drafter gives exactly the
+tokens plain ``generate`` gives with the same attention (``tests/test_exact_attention.py``).
+
+It is an explicit opt-in, for the target only (the drafter's numerics only decide what is proposed): the target
+then runs a different, more precise attention than its default, so its output can differ from plain decoding with
+sdpa, like any change of attention implementation. It costs float64 work that grows with the context length.
+
+```python
+with ExactAttention(target):
+    out = target.generate(**inputs, assistant_model=drafter, do_sample=False)  # == target.generate(**inputs, ...)
+```
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import repeat_kv
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+EXACT_ATTENTION = "exact_float64"  # no "flash" in it: transformers reads such names as flash-attention kernels
+
+
+def float64_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Attention in float64, rounded once to the query's dtype (transformers' attention-function signature).
+
+    ``query`` is ``[batch, heads, queries, dim]``, ``key`` / ``value`` ``[batch, kv_heads, keys, dim]`` (grouped
+    heads are repeated); ``attention_mask`` is an additive float mask or a boolean one (``True``: may attend).
+    Returns ``[batch, queries, heads, dim]`` and no attention weights. Inference only: dropout is refused.
+    """
+    if dropout:
+        raise ValueError(f"{EXACT_ATTENTION} attention is for inference; it takes no dropout (got {dropout}).")
+    groups = query.shape[1] // key.shape[1]
+    key = repeat_kv(key, groups).double()
+    value = repeat_kv(value, groups).double()
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scores = torch.matmul(query.double(), key.transpose(2, 3)) * scale
+    if attention_mask is not None:
+        mask = attention_mask[:, :, :, : key.shape[-2]]
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.double()
+    output = torch.matmul(torch.softmax(scores, dim=-1), value).to(query.dtype)
+    return output.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(EXACT_ATTENTION, float64_attention)
+AttentionMaskInterface.register(EXACT_ATTENTION, eager_mask)  # an additive float mask, as eager attention takes
+
+
+class ExactAttention:
+    """A model's attention switched to :data:`EXACT_ATTENTION` (``enable``) and back to what it was (``disable``);
+    a context manager too. Put it on the target, for ours and the plain baseline alike."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.previous = model.config._attn_implementation
+
+    def enable(self) -> ExactAttention:
+        """Make every attention layer of the model run :func:`float64_attention`."""
+        self.model.set_attn_implementation(EXACT_ATTENTION)
+        return self
+
+    def disable(self) -> None:
+        """Give the model back the attention it had when this object was made."""
+        self.model.set_attn_implementation(self.previous)
+
+    def __enter__(self) -> ExactAttention:
+        return self.enable()
+
+    def __exit__(self, *exc_info) -> None:
+        self.disable()

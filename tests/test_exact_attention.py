@@ -1,0 +1,126 @@
+"""The float64 attention makes a bf16 block forward give what one-token steps give, so greedy decoding with a drafter
+gives plain decoding's tokens in bf16 too (on CPUs whose bf16 matmuls are row-wise: oneDNN bf16)."""
+
+import pytest
+import torch
+from conftest import tiny_drafter, tiny_target
+from transformers import DynamicCache
+
+from dflash2_hf.cpu_kernels import packed_linears_supported
+from dflash2_hf.exact_attention import EXACT_ATTENTION, ExactAttention, float64_attention
+
+needs_onednn_bf16 = pytest.mark.skipif(not packed_linears_supported(),
+                                       reason="this CPU has no oneDNN bf16 matmuls (AVX512-BF16 or AMX)")
+SHAPES = [(prefix, block) for prefix in (7, 37, 64, 100) for block in (2, 5, 9, 16, 25)]
+
+
+def block_and_steps_differ(model, tokens: torch.Tensor, prefix: int, block: int) -> bool:
+    """Whether a forward over ``block`` tokens after a ``prefix`` gives other logits than ``block`` one-token steps."""
+    with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        model(tokens[:, :prefix], cache=cache)
+        at_once = model(tokens[:, prefix : prefix + block], cache=cache).logits[0]
+        cache = DynamicCache(config=model.config)
+        model(tokens[:, :prefix], cache=cache)
+        steps = [model(tokens[:, prefix + i : prefix + i + 1], cache=cache).logits[0] for i in range(block)]
+    return not torch.equal(at_once, torch.cat(steps))
+
+
+@pytest.fixture(scope="module")
+def bf16_target():
+    return tiny_target("llama", seed=1).to(torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def long_tokens(bf16_target):
+    return torch.randint(0, bf16_target.config.vocab_size, (1, 130), generator=torch.Generator().manual_seed(0))
+
+
+@needs_onednn_bf16
+def test_bf16_block_forwards_equal_one_token_steps_with_the_exact_attention(bf16_target, long_tokens):
+    with ExactAttention(bf16_target):
+        assert not any(block_and_steps_differ(bf16_target, long_tokens, *shape) for shape in SHAPES)
+
+
+@needs_onednn_bf16
+def test_negative_control_sdpa_block_forwards_differ_from_one_token_steps_in_bf16(bf16_target, long_tokens):
+    assert bf16_target.config._attn_implementation == "sdpa"
+    assert any(block_and_steps_differ(bf16_target, long_tokens, *shape) for shape in SHAPES)
+
+
+@needs_onednn_bf16
+@pytest.mark.parametrize("mode", [dict(dflash_tree_nodes=0), dict(dflash_tree_nodes=6, dflash_lookup_tokens=8)])
+def test_bf16_greedy_decoding_with_a_drafter_gives_plain_decodings_tokens(bf16_target, long_tokens, mode):
+    """With sdpa, ours and plain decoding part ways from the prompts at 20, 40 and 70 (and agree at 0)."""
+    drafter = tiny_drafter("dflash2", seed=4).to(torch.bfloat16)
+    with ExactAttention(bf16_target):
+        for start in (0, 20, 40, 70):
+            prompt = long_tokens[:, start : start + 12]
+            plain = bf16_target.generate(prompt, max_new_tokens=40, do_sample=False)
+            ours = bf16_target.generate(prompt, max_new_tokens=40, do_sample=False, assistant_model=drafter, **mode)
+            assert torch.equal(ours, plain)
+            assert len(drafter.last_generation_stats.acceptance_lengths) > 1, "drafted cycles ran"
+
+
+def test_float64_attention_agrees_with_sdpa_in_float32():
+    """Grouped heads and an additive causal mask, as transformers passes them: the same attention as sdpa's."""
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(1, heads, rows, 16, generator=generator)
+                         for heads, rows in ((4, 5), (2, 9), (2, 9)))
+    allowed = torch.ones(5, 9, dtype=torch.bool).tril(diagonal=4)
+    additive = torch.zeros(1, 1, 5, 9).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    expected = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed, enable_gqa=True)
+    for mask in (additive, allowed[None, None]):
+        output, weights = float64_attention(torch.nn.Module(), query, key, value, mask)
+        assert weights is None and output.dtype == torch.float32
+        torch.testing.assert_close(output, expected.transpose(1, 2), rtol=1e-5, atol=1e-6)
+
+
+def test_float64_attention_refuses_dropout():
+    query = key = value = torch.randn(1, 2, 3, 8)
+    with pytest.raises(ValueError, match="takes no dropout"):
+        float64_attention(torch.nn.Module(), query, key, value, None, dropout=0.1)
+
+
+def test_exact_attention_switches_the_model_and_back():
+    target = tiny_target("qwen3", seed=1)
+    with ExactAttention(target):
+        assert target.config._attn_implementation == EXACT_ATTENTION
+    assert target.config._attn_implementation == "sdpa"
+
+
+
+@pytest.fixture(scope="module")
+def smollm2_bf16():
+    """The real SmolLM2-135M and its shipped drafter in bf16 on packed linears, and one prompt of each benchmark."""
+    from dflash2_hf import DFlashDraftModel
+    from dflash2_hf.cpu_kernels import PackedLinears
+    from dflash2_hf.evaluation import benchmark_prompts
+    from dflash2_hf.presets import default_drafter_folder, load_target
+
+    target, tokenizer = load_target("smollm2-135m", dtype=torch.bfloat16)
+    drafter = DFlashDraftModel.from_pretrained(default_drafter_folder("smollm2-135m"), dtype=torch.bfloat16).eval()
+    prompts = [prompt for _, prompt in benchmark_prompts(tokenizer, ["humaneval", "mtbench", "sharegpt"], 1)]
+    with PackedLinears(target, drafter):
+        yield target, drafter, prompts
+
+
+def ours_equals_plain(target, drafter, prompt) -> bool:
+    """Whether greedy decoding with the drafter (its default tree + lookup) gives plain decoding's 96 tokens."""
+    plain = target.generate(prompt, max_new_tokens=96, do_sample=False)
+    return torch.equal(target.generate(prompt, max_new_tokens=96, do_sample=False, assistant_model=drafter), plain)
+
+
+@needs_onednn_bf16
+@pytest.mark.slow
+def test_smollm2_bf16_decoding_with_its_drafter_gives_plain_decodings_tokens(smollm2_bf16):
+    target, drafter, prompts = smollm2_bf16
+    with ExactAttention(target):
+        assert all(ours_equals_plain(target, drafter, prompt) for prompt in prompts)
+
+
+@needs_onednn_bf16
+@pytest.mark.slow
+def test_negative_control_smollm2_bf16_decoding_with_sdpa_parts_from_plain_decoding(smollm2_bf16):
+    target, drafter, prompts = smollm2_bf16
+    assert not all(ours_equals_plain(target, drafter, prompt) for prompt in prompts)
