@@ -134,6 +134,7 @@ class Run:
     select_seconds: float = 0.0
     verify_seconds: float = 0.0
     recall: dict = field(default_factory=dict)
+    token_ids: list[int] = field(default_factory=list)  # the new tokens, to compare greedy runs with plain decoding
 
     @property
     def tokens_per_second(self) -> float:
@@ -179,7 +180,7 @@ class Benchmark:
         decoded = method.decode(self.target, inputs, self.max_new_tokens, temperature, seed=self.seed + index)
         output = decoded.sequence
         run = Run(method.name, index, benchmark, temperature, output.shape[1] - inputs.shape[1], decoded.seconds,
-                  acceptance_lengths=list(decoded.acceptance_lengths))
+                  acceptance_lengths=list(decoded.acceptance_lengths), token_ids=output[0, inputs.shape[1]:].tolist())
         if method.uses_dflash:
             stats = method.generate_kwargs["assistant_model"].last_generation_stats
             run.acceptance_lengths = list(stats.acceptance_lengths)
@@ -222,6 +223,9 @@ def summarize(runs: list[Run]) -> list[dict]:
             row = {"method": method, "temperature": temperature, "runs": len(group),
                    "tokens_per_second": sum(r.new_tokens for r in group) / sum(r.seconds for r in group),
                    "speedup_median": median, "speedup_q1": q1, "speedup_q3": q3}
+            if temperature == 0 and group[0].token_ids:  # greedy: does it give plain decoding's tokens, prompt by prompt?
+                row["same_tokens_as_plain"] = sum(r.token_ids == plain[(r.prompt, 0)].token_ids
+                                                  for r in group if (r.prompt, 0) in plain)
             lengths = [a for r in group for a in r.acceptance_lengths]
             if lengths:
                 row |= {"mean_acceptance_length": sum(lengths) / len(lengths),
@@ -260,8 +264,8 @@ def _mean_at(hits: list[list[bool]], position: int) -> float:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    lines = ["| method | T | tok/s | speedup (median [q1, q3]) | mean acceptance | drafted tokens verified | oracle acceptance | top-1 / top-K recall @1 | selector share |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| method | T | tok/s | speedup (median [q1, q3]) | same tokens as plain | mean acceptance | drafted tokens verified | oracle acceptance | top-1 / top-K recall @1 | selector share |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         acceptance = f"{row['mean_acceptance_length']:.2f}" if "mean_acceptance_length" in row else "–"
         verified = f"{row['mean_verified_drafted_tokens']:.1f}" if "mean_verified_drafted_tokens" in row else "–"
@@ -269,8 +273,9 @@ def markdown_table(rows: list[dict]) -> str:
         recall = (f"{row['top1_recall_by_position'][0]:.2f} / {row['topk_recall_by_position'][0]:.2f}"
                   if row.get("top1_recall_by_position") else "–")
         share = f"{100 * row['select_share']:.1f}%" if "select_share" in row else "–"
+        same = f"{row['same_tokens_as_plain']}/{row['runs']}" if "same_tokens_as_plain" in row else "–"
         lines.append(f"| {row['method']} | {row['temperature']:g} | {row['tokens_per_second']:.1f} | "
-                     f"{row['speedup_median']:.2f} [{row['speedup_q1']:.2f}, {row['speedup_q3']:.2f}] | {acceptance} | {verified} | "
+                     f"{row['speedup_median']:.2f} [{row['speedup_q1']:.2f}, {row['speedup_q3']:.2f}] | {same} | {acceptance} | {verified} | "
                      f"{oracle} | {recall} | {share} |")
     return "\n".join(lines)
 

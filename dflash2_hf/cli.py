@@ -198,14 +198,16 @@ def heldout(args: argparse.Namespace) -> None:
 def check_bf16_cpu_options(args: argparse.Namespace, command: str) -> None:
     """Refuse --packed-linears and --exact-attention, before any model loads, where they cannot run as documented:
     both are for bf16 weights, and both rely on oneDNN's bf16 matmuls (same results packed; row-wise results)."""
-    for flag, chosen, why in (("--packed-linears", args.packed_linears, "packs bf16 weights"),
-                              ("--exact-attention", args.exact_attention,
-                               "makes bf16 decoding exact (float32 is exact already)")):
-        if chosen and args.dtype != "bfloat16":
-            raise SystemExit(f"dflash2-hf {command}: {flag} {why}; add --dtype bfloat16.")
-        if chosen and not packed_linears_supported():
-            raise SystemExit(f"dflash2-hf {command}: {flag} needs a CPU whose bf16 matmuls run through oneDNN "
-                             "(AVX512-BF16 or AMX); this one has neither.")
+    if args.packed_linears and args.dtype != "bfloat16":
+        raise SystemExit(f"dflash2-hf {command}: --packed-linears packs bf16 weights; add --dtype bfloat16.")
+    if args.exact_attention and args.dtype != "bfloat16":
+        raise SystemExit(f"dflash2-hf {command}: --exact-attention makes bf16 decoding exact (float32 is exact "
+                         "already); add --dtype bfloat16.")
+    chosen = [flag for flag, on in (("--packed-linears", args.packed_linears),
+                                    ("--exact-attention", args.exact_attention)) if on]
+    if chosen and not packed_linears_supported():
+        raise SystemExit(f"dflash2-hf {command}: {' and '.join(chosen)} need a CPU whose bf16 matmuls run through "
+                         "oneDNN (AVX512-BF16 or AMX); this one has neither.")
 
 
 def identity_verdict(identical: bool, dtype: str, exact_attention: bool = False) -> str:

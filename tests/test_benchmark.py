@@ -6,7 +6,8 @@ import pytest
 import torch
 from conftest import tiny_drafter, tiny_target
 
-from dflash2_hf.benchmark import Benchmark, draft_recall, oracle_acceptance, standard_methods, write_report
+from dflash2_hf.benchmark import (Benchmark, Run, draft_recall, oracle_acceptance, standard_methods, summarize,
+                                  write_report)
 from dflash2_hf.decoding import DraftRecord
 
 
@@ -60,6 +61,20 @@ def test_figures_are_also_given_per_prompt_source(report):
     counts = {(r["benchmark"], r["method"], r["temperature"]): r["runs"] for r in data["summary_by_benchmark"]}
     assert counts[("code", "plain", 0.0)] == 2 and counts[("chat", "dflash2 expected", 1.0)] == 1
     assert "| chat | 1 |" in (folder / "results.md").read_text()
+
+
+def test_greedy_rows_count_the_prompts_that_give_plain_decodings_tokens(report):
+    rows = {(row["method"], row["temperature"]): row for row in report[0]["summary"]}
+    assert rows[("plain", 0.0)]["same_tokens_as_plain"] == 3
+    assert rows[("dflash2 greedy", 0.0)]["same_tokens_as_plain"] == 3  # fp32: exact
+    assert all("same_tokens_as_plain" not in row for (_, temperature), row in rows.items() if temperature > 0)
+    assert "| dflash2 greedy | 0 |" in (report[1] / "results.md").read_text()
+
+
+def test_a_greedy_run_with_other_tokens_than_plain_decoding_is_counted_as_such():
+    tokens = {("plain", 0): [1, 2, 3], ("plain", 1): [4, 5, 6], ("other", 0): [1, 2, 3], ("other", 1): [4, 5, 7]}
+    runs = [Run(method, prompt, "code", 0.0, 3, 1.0, token_ids=ids) for (method, prompt), ids in tokens.items()]
+    assert {row["method"]: row["same_tokens_as_plain"] for row in summarize(runs)} == {"plain": 2, "other": 1}
 
 
 def test_oracle_acceptance_on_a_hand_built_lattice():

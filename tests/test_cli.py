@@ -492,6 +492,14 @@ def test_exact_attention_in_float32_is_refused_before_loading(tmp_path, command)
         main([command, "--target", str(tmp_path / "no-such-model"), "--exact-attention", "--dtype", "float32"])
 
 
+def test_bf16_cpu_options_on_a_cpu_without_onednn_bf16_are_refused_before_loading(tmp_path, monkeypatch):
+    monkeypatch.setattr("dflash2_hf.cli.packed_linears_supported", lambda: False)  # as on such a CPU
+    with pytest.raises(SystemExit, match="--packed-linears and --exact-attention need a CPU whose bf16 matmuls run "
+                                         "through oneDNN"):
+        main(["generate", "--target", str(tmp_path / "no-such-model"), "--packed-linears", "--exact-attention",
+              "--dtype", "bfloat16"])
+
+
 def test_bench_refuses_more_sharegpt_prompts_than_are_held_out_before_loading(tmp_path):
     with pytest.raises(SystemExit, match="ShareGPT holds out 100 benchmark prompts"):
         main(["bench", "--target", str(tmp_path / "no-such-model"), "--prompts", "sharegpt", "--per-source", "101",
