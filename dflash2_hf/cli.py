@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 from .cpu_kernels import PackedLinears, packed_linears_supported
-from .exact_attention import ExactAttention
 from .drafting import DraftOptions
+from .exact_attention import ExactAttention
 from .export import describe_drafter
 from .lattice import PathStrategy
 from .modeling import DFlashConfig, DFlashDraftModel

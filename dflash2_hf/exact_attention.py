@@ -29,7 +29,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import repeat_kv
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 EXACT_ATTENTION = "exact_float64"  # no "flash" in it: transformers reads such names as flash-attention kernels
@@ -47,21 +46,27 @@ def float64_attention(
 ) -> tuple[torch.Tensor, None]:
     """Attention in float64, rounded once to the query's dtype (transformers' attention-function signature).
 
-    ``query`` is ``[batch, heads, queries, dim]``, ``key`` / ``value`` ``[batch, kv_heads, keys, dim]`` (grouped
-    heads are repeated); ``attention_mask`` is an additive float mask or a boolean one (``True``: may attend).
-    Returns ``[batch, queries, heads, dim]`` and no attention weights. Inference only: dropout is refused.
+    ``query`` is ``[batch, heads, queries, dim]``, ``key`` / ``value`` ``[batch, kv_heads, keys, dim]``;
+    ``attention_mask`` is an additive float mask or a boolean one (``True``: may attend), ``[batch, 1 or heads,
+    queries, keys or more]``. Returns ``[batch, queries, heads, dim]`` and no attention weights. The query heads that
+    share a key/value head are stacked as rows of one matmul rather than the keys copied once per head (the float64
+    copy of the cache is the cost that grows with the context). Inference only: dropout is refused.
     """
     if dropout:
-        raise ValueError(f"{EXACT_ATTENTION} attention is for inference; it takes no dropout (got {dropout}).")
-    groups = query.shape[1] // key.shape[1]
-    key = repeat_kv(key, groups).double()
-    value = repeat_kv(value, groups).double()
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    scores = torch.matmul(query.double(), key.transpose(2, 3)) * scale
+        raise ValueError(f"exact_float64 attention is for inference; it takes no dropout (got {dropout}).")
+    batch, heads, queries, dim = query.shape
+    kv_heads, keys = key.shape[1], key.shape[2]
+    groups = heads // kv_heads  # query head h reads key/value head h // groups, as transformers' repeat_kv has it
+    scale = scaling if scaling is not None else dim**-0.5
+    stacked = query.double().reshape(batch, kv_heads, groups * queries, dim)
+    scores = torch.matmul(stacked, key.double().transpose(2, 3)).mul_(scale)
+    scores = scores.view(batch, kv_heads, groups, queries, keys)
     if attention_mask is not None:
-        mask = attention_mask[:, :, :, : key.shape[-2]]
+        mask = attention_mask[:, :, :, :keys]
+        mask = mask[:, :, None] if mask.shape[1] == 1 else mask.view(mask.shape[0], kv_heads, groups, queries, keys)
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.double()
-    output = torch.matmul(torch.softmax(scores, dim=-1), value).to(query.dtype)
+    weights = torch.softmax(scores, dim=-1).view(batch, kv_heads, groups * queries, keys)
+    output = torch.matmul(weights, value.double()).view(batch, heads, queries, dim).to(query.dtype)
     return output.transpose(1, 2).contiguous(), None
 
 
@@ -78,12 +83,15 @@ class ExactAttention:
         self.previous = model.config._attn_implementation
 
     def enable(self) -> ExactAttention:
-        """Make every attention layer of the model run :func:`float64_attention`."""
+        """Make every attention layer of the model run :func:`float64_attention` (remembering the one it ran)."""
+        current = self.model.config._attn_implementation
+        if current != EXACT_ATTENTION:
+            self.previous = current
         self.model.set_attn_implementation(EXACT_ATTENTION)
         return self
 
     def disable(self) -> None:
-        """Give the model back the attention it had when this object was made."""
+        """Give the model back the attention it ran before :meth:`enable`."""
         self.model.set_attn_implementation(self.previous)
 
     def __enter__(self) -> ExactAttention:

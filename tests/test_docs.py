@@ -325,6 +325,20 @@ DOCUMENTED_COMMANDS = {
     "mtbench --per-source 2 --temperatures 0 --max-new-tokens 64 --dtype bfloat16 --threads 2 "
     "--out docs/results/qwen2.5-coder-0.5b-packed":
         "tests/test_llama_cpp_peer.py::test_bench_without_a_drafter_runs_packed_twins_next_to_llama_cpp",
+    # docs/results.md: exact bf16 decoding, and the same run with sdpa (slow: SmolLM2, 1 prompt per source).
+    "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 4 --temperatures 0 --max-new-tokens 128 "
+    "--dtype bfloat16 --threads 2 --paths greedy --tree-nodes 8 --lookup-tokens 16 --packed-linears --exact-attention "
+    "--out docs/results/smollm2-135m-exact-bf16":
+        "tests/test_exact_attention.py::test_smollm2_bench_with_the_exact_attention_counts_every_greedy_method_identical",
+    "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 4 --temperatures 0 --max-new-tokens 128 "
+    "--dtype bfloat16 --threads 2 --paths greedy --tree-nodes 8 --lookup-tokens 16 --packed-linears "
+    "--out docs/results/smollm2-135m-sdpa-bf16":
+        "tests/test_exact_attention.py::test_smollm2_bench_with_the_exact_attention_counts_every_greedy_method_identical",
+    # docs/generation.md: the exact attention on the command line (the tiny target in bf16).
+    "dflash2-hf generate --dtype bfloat16 --exact-attention":
+        "tests/test_cli.py::test_generate_in_bf16_with_the_exact_attention_matches_plain_decoding",
+    "dflash2-hf bench --dtype bfloat16 --exact-attention":
+        "tests/test_cli.py::test_bench_runs_with_the_exact_attention_and_records_it",
     # docs/generation.md: packed linears on the command line (the tiny target in bf16).
     "dflash2-hf generate --dtype bfloat16 --packed-linears":
         "tests/test_cli.py::test_generate_with_packed_linears_streams_the_same_answer",

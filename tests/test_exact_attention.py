@@ -63,14 +63,14 @@ def test_bf16_greedy_decoding_with_a_drafter_gives_plain_decodings_tokens(bf16_t
 
 
 def test_float64_attention_agrees_with_sdpa_in_float32():
-    """Grouped heads and an additive causal mask, as transformers passes them: the same attention as sdpa's."""
+    """Grouped heads and a causal mask (additive or boolean, shared or per head): the same attention as sdpa's."""
     generator = torch.Generator().manual_seed(0)
     query, key, value = (torch.randn(1, heads, rows, 16, generator=generator)
                          for heads, rows in ((4, 5), (2, 9), (2, 9)))
     allowed = torch.ones(5, 9, dtype=torch.bool).tril(diagonal=4)
     additive = torch.zeros(1, 1, 5, 9).masked_fill(~allowed, torch.finfo(torch.float32).min)
     expected = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed, enable_gqa=True)
-    for mask in (additive, allowed[None, None]):
+    for mask in (additive, allowed[None, None], allowed[None, None].expand(1, 4, 5, 9)):  # shared or per head
         output, weights = float64_attention(torch.nn.Module(), query, key, value, mask)
         assert weights is None and output.dtype == torch.float32
         torch.testing.assert_close(output, expected.transpose(1, 2), rtol=1e-5, atol=1e-6)
@@ -124,3 +124,28 @@ def test_smollm2_bf16_decoding_with_its_drafter_gives_plain_decodings_tokens(smo
 def test_negative_control_smollm2_bf16_decoding_with_sdpa_parts_from_plain_decoding(smollm2_bf16):
     target, drafter, prompts = smollm2_bf16
     assert not all(ours_equals_plain(target, drafter, prompt) for prompt in prompts)
+
+
+@needs_onednn_bf16
+@pytest.mark.slow
+def test_smollm2_bench_with_the_exact_attention_counts_every_greedy_method_identical(tmp_path):
+    """docs/results.md's bf16 runs (here 1 prompt per source, 32 new tokens): with `--exact-attention`, every method
+    that decodes through generate gives plain decoding's tokens, packed twins included."""
+    import contextlib
+    import io
+    import json
+
+    from dflash2_hf.cli import main
+
+    threads = torch.get_num_threads()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            main(["bench", "--prompts", "humaneval", "mtbench", "sharegpt", "--per-source", "1", "--temperatures", "0",
+                  "--max-new-tokens", "32", "--dtype", "bfloat16", "--threads", "2", "--paths", "greedy",
+                  "--tree-nodes", "8", "--lookup-tokens", "16", "--packed-linears", "--exact-attention",
+                  "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)
+    rows = {row["method"]: row for row in json.loads((tmp_path / "results.json").read_text())["summary"]}
+    assert "dflash2 greedy tree8 lookup16 packed" in rows
+    assert {name: row["same_tokens_as_plain"] for name, row in rows.items()} == {name: 3 for name in rows}
