@@ -1,13 +1,15 @@
 """Where one DFlash 2 decoding cycle spends its time, on a real target and drafter (issue 9's profile).
 
     python scripts/profile_cycle.py [--target smollm2-135m] [--drafter FOLDER] [--dtype float32] [--threads 2]
-                                    [--block-size 16] [--max-new-tokens 128] [--packed-linears] [--out profile.json]
+                                    [--block-size 16] [--max-new-tokens 128] [--packed-linears] [--exact-attention]
+                                    [--out profile.json]
 
 Runs ``generate`` once to warm up, then once under ``torch.profiler`` and reads the wall time of each step of the
 cycle, as labelled in :mod:`dflash2_hf.decoding` (``dflash2.draft``, ``dflash2.select``, ``dflash2.verify_forward``,
 ``dflash2.verify_decide``, ``dflash2.cache_crop``, ``dflash2.emit``, ``dflash2.context``); what no label covers is
 the loop's own Python work. Plain decoding of the same prompt is timed in the same run for scale (with
-``--packed-linears``, both run on packed bf16 linears: :class:`dflash2_hf.cpu_kernels.PackedLinears`). Prints a
+``--packed-linears``, both run on packed bf16 linears: :class:`dflash2_hf.cpu_kernels.PackedLinears`; with
+``--exact-attention``, the target runs the float64 attention of :mod:`dflash2_hf.exact_attention` in both). Prints a
 Markdown table and writes the numbers as JSON.
 """
 
@@ -23,6 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from dflash2_hf import DFlashDraftModel
 from dflash2_hf.cpu_kernels import PackedLinears
+from dflash2_hf.exact_attention import ExactAttention
 from dflash2_hf.presets import default_drafter_folder, load_target
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and a short test."
@@ -44,10 +47,14 @@ def main() -> None:
     parser.add_argument("--block-size", type=int)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--packed-linears", action="store_true", help="bf16 only: linear weights packed once for oneDNN")
+    parser.add_argument("--exact-attention", action="store_true",
+                        help="bf16 only: the target's attention in float64, for ours and plain decoding alike")
     parser.add_argument("--out", default="profile.json")
     args = parser.parse_args()
     if args.packed_linears and args.dtype != "bfloat16":
         parser.error("--packed-linears packs bf16 weights; add --dtype bfloat16")
+    if args.exact_attention and args.dtype != "bfloat16":
+        parser.error("--exact-attention makes bf16 decoding exact (float32 is exact already); add --dtype bfloat16")
 
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
@@ -55,6 +62,8 @@ def main() -> None:
     drafter = DFlashDraftModel.from_pretrained(args.drafter or default_drafter_folder(args.target), dtype=dtype).eval()
     if args.packed_linears:
         PackedLinears(target, drafter).enable()
+    if args.exact_attention:
+        ExactAttention(target).enable()
     inputs = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
                                            return_tensors="pt", return_dict=True)
     settings = dict(do_sample=False, max_new_tokens=args.max_new_tokens)
@@ -75,12 +84,14 @@ def main() -> None:
     steps["other (generate set-up, loop)"] = max(0.0, total - sum(steps.values()))
     plain_tokens = plain.shape[1] - inputs["input_ids"].shape[1]
     record = {"target": args.target, "dtype": args.dtype, "threads": args.threads, "packed_linears": args.packed_linears,
+              "exact_attention": args.exact_attention,
               "block_size": stats.block_size,
               "cycles": stats.cycles, "new_tokens": stats.new_tokens, "mean_acceptance_length": stats.mean_acceptance_length,
               "seconds": total, "profiled_seconds_by_step": steps,
               "plain": {"new_tokens": plain_tokens, "seconds": plain_seconds}}
     Path(args.out).write_text(json.dumps(record, indent=2))
     packed = ", packed linears" if args.packed_linears else ""
+    packed += ", float64 attention" if args.exact_attention else ""
     print(f"{args.target} {args.dtype}{packed}, {args.threads} threads, block {stats.block_size}: {stats.cycles} cycles, "
           f"{stats.new_tokens} tokens, mean acceptance {stats.mean_acceptance_length:.2f}; "
           f"plain decoding {1000 * plain_seconds / plain_tokens:.1f} ms/token (unprofiled)")

@@ -316,6 +316,11 @@ DOCUMENTED_COMMANDS = {
     "python scripts/profile_cycle.py --dtype bfloat16 --packed-linears "
     "--out docs/results/profile-smollm2-135m-bf16-packed.json":
         "tests/test_scripts.py::test_profile_script_times_every_step_of_the_cycle_and_writes_them",
+    "python scripts/profile_cycle.py --dtype bfloat16 --packed-linears --exact-attention "
+    "--out docs/results/profile-smollm2-135m-bf16-exact.json":
+        "tests/test_scripts.py::test_profile_script_times_every_step_of_the_cycle_and_writes_them",
+    "python scripts/linear_kernels_probe.py --out docs/results/linear-kernels-smollm2-135m.json":
+        "tests/test_scripts.py::test_linear_kernels_probe_times_each_kernel_per_row_count_and_checks_rows_are_independent",
     # docs/results.md: packed bf16 linears next to llama.cpp (slow: SmolLM2, 1 HumanEval prompt, 8 new tokens).
     "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 4 --temperatures 0 --max-new-tokens 128 "
     "--dtype bfloat16 --threads 2 --paths greedy --tree-nodes 8 --lookup-tokens 16 --packed-linears --llama-cpp "

@@ -31,10 +31,11 @@ def test_long_run_memory_script_records_the_peak_at_every_mark_and_writes_it(tmp
 
 @pytest.mark.slow
 def test_profile_script_times_every_step_of_the_cycle_and_writes_them(tmp_path):
-    """docs/results.md's `python scripts/profile_cycle.py [--dtype bfloat16 [--packed-linears]] --out ...` on 16 new
-    tokens instead of 128 (in bf16, the dtype of the later profiles; packed where this CPU runs packed linears)."""
+    """docs/results.md's `python scripts/profile_cycle.py [--dtype bfloat16 [--packed-linears] [--exact-attention]]
+    --out ...` on 16 new tokens instead of 128 (in bf16, the dtype of the later profiles; packed and with the float64
+    attention where this CPU runs bf16 matmuls through oneDNN)."""
     out = tmp_path / "profile.json"
-    packed = ["--packed-linears"] if packed_linears_supported() else []
+    packed = ["--packed-linears", "--exact-attention"] if packed_linears_supported() else []
     command = [sys.executable, str(ROOT / "scripts" / "profile_cycle.py"), "--max-new-tokens", "16", "--threads", "1",
                "--dtype", "bfloat16", *packed, "--out", str(out)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
@@ -46,7 +47,7 @@ def test_profile_script_times_every_step_of_the_cycle_and_writes_them(tmp_path):
     assert sum(steps.values()) == pytest.approx(record["seconds"], rel=0.05)
     assert record["cycles"] > 0 and record["new_tokens"] == 16
     assert "| verify_forward |" in result.stdout
-    assert record["packed_linears"] is bool(packed)
+    assert record["packed_linears"] is bool(packed) and record["exact_attention"] is bool(packed)
 
 
 @pytest.mark.slow
@@ -63,3 +64,23 @@ def test_cpu_options_probe_times_each_option_against_eager_and_checks_the_tokens
     assert rows["eager"]["ratio_to_eager"] == 1.0 and all(r["tokens_per_second"] > 0 for r in rows.values())
     assert rows["static"]["same_tokens_as_eager"] and rows["ours"]["same_tokens_as_eager"], "exact in fp32"
     assert "| quanto-int8 |" in result.stdout
+
+
+@pytest.mark.slow
+def test_linear_kernels_probe_times_each_kernel_per_row_count_and_checks_rows_are_independent(tmp_path):
+    """docs/results.md's `python scripts/linear_kernels_probe.py --out ...` on 1 and 2 rows, one repeat, one thread;
+    refused with a clear line on a CPU without oneDNN bf16 matmuls."""
+    out = tmp_path / "linear_kernels.json"
+    command = [sys.executable, str(ROOT / "scripts" / "linear_kernels_probe.py"), "--rows", "1", "2", "--repeats", "1",
+               "--threads", "1", "--out", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    if not packed_linears_supported():
+        assert result.returncode == 2 and "no AVX512-BF16 or AMX" in result.stderr
+        return
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["linear_layers"] == 30 * 7, "every linear layer of SmolLM2's 30 blocks, the LM head apart"
+    assert set(record["ms_per_forward"]) == {"bf16", "int8", "int4"}
+    assert all(set(times) == {"1", "2"} and min(times.values()) > 0 for times in record["ms_per_forward"].values())
+    assert record["rows_independent"] == {"bf16": True, "int8": True, "int4": True}
+    assert "| int4 |" in result.stdout
