@@ -336,6 +336,10 @@ DOCUMENTED_COMMANDS = {
     "--out docs/results/smollm2-135m-exact-bf16":
         "tests/test_exact_attention.py::test_smollm2_bench_with_the_exact_attention_counts_every_greedy_method_identical",
     "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 4 --temperatures 0 --max-new-tokens 128 "
+    "--dtype bfloat16 --threads 2 --paths greedy --tree-nodes 8 --lookup-tokens 16 --packed-linears --exact-attention "
+    "--llama-cpp --out docs/results/smollm2-135m-exact-llama":
+        "tests/test_exact_attention.py::test_smollm2_bench_with_the_exact_attention_counts_every_greedy_method_identical",
+    "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 4 --temperatures 0 --max-new-tokens 128 "
     "--dtype bfloat16 --threads 2 --paths greedy --tree-nodes 8 --lookup-tokens 16 --packed-linears "
     "--out docs/results/smollm2-135m-sdpa-bf16":
         "tests/test_exact_attention.py::test_smollm2_bench_with_the_exact_attention_counts_every_greedy_method_identical",

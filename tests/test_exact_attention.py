@@ -131,7 +131,8 @@ def test_negative_control_smollm2_bf16_decoding_with_sdpa_parts_from_plain_decod
 @pytest.mark.slow
 def test_smollm2_bench_with_the_exact_attention_counts_every_greedy_method_identical(tmp_path):
     """docs/results.md's bf16 runs (here 1 HumanEval and 1 MT-Bench prompt, 32 new tokens): with `--exact-attention`,
-    every method that decodes through generate gives plain decoding's tokens, packed twins included."""
+    every method that decodes through generate gives plain decoding's tokens, packed twins included; llama.cpp, next
+    to them, decodes the GGUF file's 4-bit weights itself (its own numerics, not counted)."""
     import contextlib
     import io
     import json
@@ -144,9 +145,10 @@ def test_smollm2_bench_with_the_exact_attention_counts_every_greedy_method_ident
             main(["bench", "--prompts", "humaneval", "mtbench", "--per-source", "1", "--temperatures", "0",
                   "--max-new-tokens", "32", "--dtype", "bfloat16", "--threads", "2", "--paths", "greedy",
                   "--tree-nodes", "8", "--lookup-tokens", "16", "--packed-linears", "--exact-attention",
-                  "--out", str(tmp_path)])
+                  "--llama-cpp", "--out", str(tmp_path)])
     finally:
         torch.set_num_threads(threads)
     rows = {row["method"]: row for row in json.loads((tmp_path / "results.json").read_text())["summary"]}
+    assert rows.pop("llama.cpp plain (GGUF)")["tokens_per_second"] > 0
     assert "dflash2 greedy tree8 lookup16 packed" in rows
     assert {name: row["same_tokens_as_plain"] for name, row in rows.items()} == {name: 2 for name in rows}
