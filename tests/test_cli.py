@@ -23,7 +23,7 @@ from conftest import PUBLISHED, REFERENCE, tiny_drafter_config, tiny_target
 from safetensors.torch import load_file
 
 from dflash2_hf import DFlash2DraftModel, DFlashDraftModel
-from dflash2_hf.cli import identity_verdict, main
+from dflash2_hf.cli import exact_bf16_tip, identity_verdict, main
 from dflash2_hf.cpu_kernels import packed_linears_supported
 from dflash2_hf.code_prompts import code_request
 from dflash2_hf.data import describe_data, read_responses
@@ -361,6 +361,16 @@ def test_generate_streams_the_answer_and_matches_plain_decoding(target, trained)
     assert "--- dflash2 (greedy, one path of 3): 8 tokens" in printed  # the tiny drafter sets no default tree
     assert "--- plain decoding: 8 tokens" in printed
     assert "--- identical to plain decoding: yes" in printed
+    assert ("--- exact too and faster on this CPU: --dtype bfloat16" in printed) is packed_linears_supported()
+
+
+def test_the_faster_exact_setting_is_offered_for_float32_only_where_oneDNN_runs_bf16():
+    assert exact_bf16_tip("bfloat16") is None
+    tip = exact_bf16_tip("float32")
+    if packed_linears_supported():
+        assert "--dtype bfloat16 --packed-linears --exact-attention" in tip
+    else:
+        assert tip is None
 
 
 def test_a_bf16_difference_from_plain_decoding_is_explained_and_an_fp32_one_is_not():
