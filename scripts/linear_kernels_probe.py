@@ -8,14 +8,15 @@ DFlash's verification runs a whole tree (up to 25 rows with the default tree 8 +
 fewer bytes, which is how llama.cpp decodes a 4-bit GGUF file fast on a CPU. This probe times, for each row count,
 every linear layer of the target (the LM head included) on the same real weights through three PyTorch CPU kernels:
 
-* ``bf16``: the weights in bf16, packed once for oneDNN (:class:`dflash2_hf.cpu_kernels.PackedLinears`' call);
+* ``bf16``: the weights in bf16, packed once for oneDNN (each layer's forward under
+  :class:`dflash2_hf.cpu_kernels.PackedLinears`);
 * ``int8``: ``torch.ops.aten._weight_int8pack_mm``, int8 weights with one bf16 scale per output channel;
 * ``int4``: ``torch.ops.aten._weight_int4pack_mm_for_cpu``, 4-bit weights in groups of 32 along the input, a bf16
   scale and offset per group (the layout of GGUF's Q4_1 blocks).
 
-The LM head stays bf16 in every kernel's forward (it is the tied input embedding). Each kernel is also checked for what exact
-speculative decoding needs of it (on the first decoder layer's weights): a row's result must not depend on how many
-rows the call holds. Prints a Markdown table and writes the numbers as JSON.
+The LM head stays bf16 in every kernel's forward (it is the tied input embedding). Each kernel is also checked for
+what exact speculative decoding needs of it (on the first decoder layer's weights): a row's result must not depend on
+how many rows the call holds. Prints a Markdown table and writes the numbers as JSON.
 """
 
 from __future__ import annotations
@@ -28,15 +29,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dflash2_hf.cpu_kernels import packed_linears_supported
+from dflash2_hf.cpu_kernels import PackedLinears, packed_linears_supported
 from dflash2_hf.presets import load_target
 
 GROUP = 32  # input features per int4 group, as in GGUF's Q4_0/Q4_1 blocks
-
-
-def bf16_kernel(weight: torch.Tensor):
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-    return lambda rows: torch.ops.mkldnn._linear_pointwise(rows, packed, None, "none", [], "")
 
 
 def int8_kernel(weight: torch.Tensor):
@@ -59,16 +55,15 @@ def int4_kernel(weight: torch.Tensor):
     return lambda rows: torch.ops.aten._weight_int4pack_mm_for_cpu(rows, packed, GROUP, scale_and_offset)
 
 
-KERNELS = {"bf16": bf16_kernel, "int8": int8_kernel, "int4": int4_kernel}
+LOW_BIT_KERNELS = {"int8": int8_kernel, "int4": int4_kernel}
 
 
-def forward_seconds(layers: list, head, inputs: dict[int, torch.Tensor], repeats: int) -> float:
-    """Mean seconds to run every layer once (as one forward does), after one untimed pass."""
+def forward_seconds(layers: list, inputs: dict[int, torch.Tensor], repeats: int) -> float:
+    """Mean seconds to run every ``(in_features, kernel)`` layer once (as one forward does), after one untimed pass."""
 
     def forward():
         for in_features, kernel in layers:
             kernel(inputs[in_features])
-        head(inputs[next(iter(inputs))])
 
     forward()
     started = time.perf_counter()
@@ -99,28 +94,31 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     target, _ = load_target(args.target, dtype=torch.bfloat16)
+    PackedLinears(target).enable()  # every layer's forward is now the packed oneDNN call: the bf16 kernel
     head_module = target.get_output_embeddings()
-    weights = [module.weight.detach() for module in target.modules()
-               if isinstance(module, nn.Linear) and module is not head_module]
-    head = bf16_kernel(head_module.weight.detach())
+    modules = [module for module in target.modules() if isinstance(module, nn.Linear) and module is not head_module]
+    weights = [module.weight.detach() for module in modules]
+    kernels = {"bf16": [(m.in_features, m.forward) for m in modules]}
+    kernels |= {name: [(w.shape[1], make(w)) for w in weights] for name, make in LOW_BIT_KERNELS.items()}
+    head = (head_module.in_features, head_module.forward)
+    sizes = {size for size, _ in kernels["bf16"]} | {head[0]}
     record = {"target": args.target, "threads": args.threads, "linear_layers": len(weights),
               "weight_bytes_bf16": sum(w.numel() * 2 for w in weights), "ms_per_forward": {}, "rows_independent": {}}
-    for name, make in KERNELS.items():
-        layers = [(w.shape[1], make(w)) for w in weights]
+    for name, layers in kernels.items():
         record["ms_per_forward"][name] = {}
         for rows in args.rows:
-            inputs = {size: torch.randn(rows, size).to(torch.bfloat16) for size in sorted({w.shape[1] for w in weights})}
-            record["ms_per_forward"][name][rows] = 1000 * forward_seconds(layers, head, inputs, args.repeats)
+            inputs = {size: torch.randn(rows, size).to(torch.bfloat16) for size in sizes}
+            record["ms_per_forward"][name][rows] = 1000 * forward_seconds([*layers, head], inputs, args.repeats)
         first_block = layers[: len(layers) // target.config.num_hidden_layers]
-        record["rows_independent"][name] = all(
-            rows_independent(kernel, torch.randn(max(args.rows), size).to(torch.bfloat16)) for size, kernel in first_block)
+        record["rows_independent"][name] = all(rows_independent(kernel, torch.randn(max(args.rows), size)
+                                                                .to(torch.bfloat16)) for size, kernel in first_block)
     Path(args.out).write_text(json.dumps(record, indent=2))
 
     print(f"{args.target}: {len(weights)} linear layers + the bf16 LM head, {args.threads} threads; "
           f"ms per forward (each row count: every layer once)\n")
     print("| kernel | " + " | ".join(f"rows: {rows}" for rows in args.rows) + " | rows independent |")
     print("|---|" + "---|" * len(args.rows) + "---|")
-    for name in KERNELS:
+    for name in kernels:
         times = " | ".join(f"{record['ms_per_forward'][name][rows]:.1f}" for rows in args.rows)
         print(f"| {name} | {times} | {'yes' if record['rows_independent'][name] else 'NO'} |")
 
