@@ -197,16 +197,17 @@ def heldout(args: argparse.Namespace) -> None:
 
 def check_bf16_cpu_options(args: argparse.Namespace, command: str) -> None:
     """Refuse --packed-linears and --exact-attention, before any model loads, where they cannot run as documented:
-    both are for bf16 weights, and both rely on oneDNN's bf16 matmuls (same results packed; row-wise results)."""
+    both are for bf16 weights, and both rely on oneDNN's bf16 matmuls (same results packed; row-wise results).
+    ``command`` starts each message (``dflash2-hf generate``, or a script's name)."""
     if args.packed_linears and args.dtype != "bfloat16":
-        raise SystemExit(f"dflash2-hf {command}: --packed-linears packs bf16 weights; add --dtype bfloat16.")
+        raise SystemExit(f"{command}: --packed-linears packs bf16 weights; add --dtype bfloat16.")
     if args.exact_attention and args.dtype != "bfloat16":
-        raise SystemExit(f"dflash2-hf {command}: --exact-attention makes bf16 decoding exact (float32 is exact "
+        raise SystemExit(f"{command}: --exact-attention makes bf16 decoding exact (float32 is exact "
                          "already); add --dtype bfloat16.")
     chosen = [flag for flag, on in (("--packed-linears", args.packed_linears),
                                     ("--exact-attention", args.exact_attention)) if on]
     if chosen and not packed_linears_supported():
-        raise SystemExit(f"dflash2-hf {command}: {' and '.join(chosen)} need a CPU whose bf16 matmuls run through "
+        raise SystemExit(f"{command}: {' and '.join(chosen)} need a CPU whose bf16 matmuls run through "
                          "oneDNN (AVX512-BF16 or AMX); this one has neither.")
 
 
@@ -237,7 +238,7 @@ def generate(args: argparse.Namespace) -> None:
 
     from .presets import default_drafter_folder, load_target
 
-    check_bf16_cpu_options(args, "generate")
+    check_bf16_cpu_options(args, "dflash2-hf generate")
     dtype = getattr(torch, args.dtype)
     target, tokenizer = load_target(args.target, dtype=dtype)
     drafter = DFlashDraftModel.from_pretrained(args.drafter or default_drafter_folder(args.target), dtype=dtype).eval()
@@ -308,7 +309,7 @@ def bench(args: argparse.Namespace) -> None:
         raise SystemExit("dflash2-hf bench: --lookup-ngrams sets how the lookup branch matches; give --lookup-tokens too.")
     if args.lookup_ngrams and min(args.lookup_ngrams) < 1:
         raise SystemExit("dflash2-hf bench: --lookup-ngrams must be >= 1.")
-    check_bf16_cpu_options(args, "bench")
+    check_bf16_cpu_options(args, "dflash2-hf bench")
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     drafter_folder = None if args.no_drafter else args.drafter or default_drafter_folder(args.target)

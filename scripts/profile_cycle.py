@@ -24,6 +24,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from dflash2_hf import DFlashDraftModel
+from dflash2_hf.cli import check_bf16_cpu_options
 from dflash2_hf.cpu_kernels import PackedLinears
 from dflash2_hf.exact_attention import ExactAttention
 from dflash2_hf.presets import default_drafter_folder, load_target
@@ -51,10 +52,7 @@ def main() -> None:
                         help="bf16 only: the target's attention in float64, for ours and plain decoding alike")
     parser.add_argument("--out", default="profile.json")
     args = parser.parse_args()
-    if args.packed_linears and args.dtype != "bfloat16":
-        parser.error("--packed-linears packs bf16 weights; add --dtype bfloat16")
-    if args.exact_attention and args.dtype != "bfloat16":
-        parser.error("--exact-attention makes bf16 decoding exact (float32 is exact already); add --dtype bfloat16")
+    check_bf16_cpu_options(args, "profile_cycle.py")  # the CLI's own refusals, before any model loads
 
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)

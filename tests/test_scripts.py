@@ -29,6 +29,15 @@ def test_long_run_memory_script_records_the_peak_at_every_mark_and_writes_it(tmp
     assert "| 24 |" in result.stdout and f"written to {out}" in result.stdout
 
 
+def test_profile_script_refuses_a_bf16_option_in_float32_before_loading_a_model():
+    """The profile script makes the CLI's checks, under its own name: --packed-linears without --dtype bfloat16."""
+    command = [sys.executable, str(ROOT / "scripts" / "profile_cycle.py"), "--packed-linears"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 1
+    assert "profile_cycle.py: --packed-linears packs bf16 weights; add --dtype bfloat16." in result.stderr
+    assert "Loading" not in result.stderr
+
+
 @pytest.mark.slow
 def test_profile_script_times_every_step_of_the_cycle_and_writes_them(tmp_path):
     """docs/results.md's `python scripts/profile_cycle.py [--dtype bfloat16 [--packed-linears] [--exact-attention]]
