@@ -86,8 +86,8 @@ def train(args: argparse.Namespace) -> None:
     from .export import read_training_record
     from .plots import training_curves
     from .presets import load_target, target_name
-    from .training import (DrafterTrainer, TrainingConfig, drafter_config_for, drafter_to_continue,
-                           initialize_from_target)
+    from .drafter_setup import drafter_config_for, drafter_to_continue, initialize_from_target
+    from .training import DrafterTrainer, TrainingConfig
 
     folders = read_data(args.data, "train")
     records = [record for folder in folders for record in folder]

@@ -29,6 +29,8 @@ MODULES = [
     "tree_decoding",
     "cpu_kernels",
     "exact_attention",
+    "drafter_setup",
+    "training_blocks",
     "training",
     "data",
     "code_prompts",

@@ -1,0 +1,149 @@
+"""What a training step is made of: blocks at anchors in the target's answers, their attention mask and positions,
+the drafter loss's position weights and the selector's K-way loss.
+
+Block ``j`` starts at anchor ``a_j``: its queries are ``[token a_j, mask, ...]`` and its labels the target's own next
+tokens ``a_j .. a_j + B - 1`` (position 0 holds the anchor itself); it attends to the context before ``a_j`` and to
+its own block only (:func:`block_attention`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .modeling import DFlashDraftModel
+
+IGNORE = -100  # a label with no target token (past the answer's end, or an unused block slot)
+
+
+@dataclass
+class BlockBatch:
+    """Padded sequences with their sampled blocks."""
+
+    record_ids: list[int]
+    input_ids: torch.Tensor  # [b, T]
+    attention_mask: torch.Tensor  # [b, T]
+    anchors: torch.Tensor  # [b, n]; -1 marks an unused block slot
+    labels: torch.Tensor  # [b, n, B]; position 0 holds the anchor token, IGNORE where there is no target token
+    global_labels: torch.Tensor | None = None  # labels of the whole global batch, when this is one process's share
+
+    def rows(self, index: int, count: int) -> BlockBatch:
+        """Rows ``index::count`` (one process's share), remembering the global labels for loss normalisation."""
+        if count == 1:
+            return self
+        keep = slice(index, None, count)
+        return BlockBatch(self.record_ids[keep], self.input_ids[keep], self.attention_mask[keep], self.anchors[keep],
+                          self.labels[keep], self.labels)
+
+
+def sample_blocks(
+    sequences: list[dict], block_size: int, blocks_per_sequence: int, max_length: int, generator: torch.Generator,
+    record_ids: list[int] | None = None,
+) -> BlockBatch:
+    """Pick random anchors in each response and build the block labels (the target's own next tokens)."""
+    anchors = []
+    for record in sequences:
+        length = min(len(record["prompt_ids"]) + len(record["response_ids"]), max_length)
+        first = max(len(record["prompt_ids"]) - 1, 1)  # the last prompt token anchors the first response block
+        if first >= length - 1:  # the response was cut off by max_length: nothing to label
+            anchors.append([])
+            continue
+        candidates = torch.arange(first, length - 1)
+        chosen = candidates[torch.randperm(len(candidates), generator=generator)[:blocks_per_sequence]]
+        anchors.append(chosen.sort().values.tolist())
+    return blocks_at(sequences, anchors, block_size, max_length, record_ids, slots=blocks_per_sequence)
+
+
+def blocks_at(
+    sequences: list[dict], anchors: list[list[int]], block_size: int, max_length: int, record_ids: list[int] | None = None,
+    slots: int | None = None,
+) -> BlockBatch:
+    """The blocks starting at the given anchors of each sequence (``slots`` blocks per row, unused ones marked -1), with
+    their labels (the target's own next tokens)."""
+    rows = [(r["prompt_ids"] + r["response_ids"])[:max_length] for r in sequences]
+    length = max(len(r) for r in rows)
+    slots = slots or max(1, max(len(a) for a in anchors))
+    input_ids = torch.zeros(len(rows), length, dtype=torch.long)
+    attention_mask = torch.zeros(len(rows), length, dtype=torch.long)
+    anchor_ids = torch.full((len(rows), slots), -1, dtype=torch.long)
+    labels = torch.full((len(rows), slots, block_size), IGNORE, dtype=torch.long)
+    for row, (ids, chosen) in enumerate(zip(rows, anchors)):
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        attention_mask[row, : len(ids)] = 1
+        for slot, anchor in enumerate(chosen):
+            anchor_ids[row, slot] = anchor
+            span = ids[anchor : anchor + block_size]
+            labels[row, slot, : len(span)] = torch.tensor(span)
+    return BlockBatch(record_ids or list(range(len(rows))), input_ids, attention_mask, anchor_ids, labels)
+
+
+def decoding_anchors(acceptance_lengths: list[int]) -> list[int]:
+    """The anchors greedy decoding visits, given the acceptance length of a block at every anchor ``0, 1, ...``: it
+    starts at 0 and each verification moves the anchor on by the accepted length (drafted tokens + the target's own)."""
+    visited, anchor = [], 0
+    while anchor < len(acceptance_lengths):
+        visited.append(anchor)
+        anchor += acceptance_lengths[anchor]
+    return visited
+
+
+def block_attention(anchors: torch.Tensor, context_mask: torch.Tensor, block_size: int) -> torch.Tensor:
+    """``[b, 1, n*B, T + n*B]`` boolean mask: block ``j`` sees context tokens before its anchor and its own block."""
+    batch, blocks = anchors.shape
+    length = context_mask.shape[1]
+    query_block = torch.arange(blocks).repeat_interleave(block_size)
+    sees_context = torch.arange(length)[None, None, :] < anchors[:, :, None]
+    sees_context = sees_context & context_mask.bool()[:, None, :]
+    sees_context = sees_context.repeat_interleave(block_size, dim=1)
+    sees_block = (query_block[:, None] == query_block[None, :]).expand(batch, -1, -1)
+    return torch.cat([sees_context, sees_block], dim=-1)[:, None]
+
+
+def block_positions(anchors: torch.Tensor, context_length: int, block_size: int) -> torch.Tensor:
+    """Positions of the context tokens followed by every block's tokens (``a_j .. a_j + B - 1``)."""
+    batch = anchors.shape[0]
+    context = torch.arange(context_length).expand(batch, -1)
+    blocks = (anchors.clamp_min(0)[:, :, None] + torch.arange(block_size)).reshape(batch, -1)
+    return torch.cat([context, blocks], dim=1)
+
+
+def position_weights(block_size: int, gamma: float) -> torch.Tensor:
+    """Loss weight of drafted positions ``k = 1 .. B-1``: ``exp(-(k - 1) / gamma)``."""
+    return torch.exp(-torch.arange(block_size - 1, dtype=torch.float32) / gamma)
+
+
+def selector_positions(labels: torch.Tensor) -> torch.Tensor:
+    """Drafted positions with a gold token and a gold predecessor, ``[N, B-1]``."""
+    return (labels[..., 1:] != IGNORE) & (labels[..., :-1] != IGNORE)
+
+
+def selector_loss(
+    drafter: DFlashDraftModel, hidden: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor,
+    normaliser: float | None = None, embedding_table: torch.Tensor | None = None, insert_missing_gold: bool = True,
+) -> torch.Tensor:
+    """K-way cross-entropy of the gold token among the top-K candidates, given the gold predecessor.
+
+    ``hidden`` / ``logits``: drafted positions ``[N, B-1, ...]``; ``labels``: ``[N, B]`` with the anchor at 0.
+    Where the gold token is not among the top-K, ``insert_missing_gold`` puts it in place of the last candidate;
+    otherwise that position adds nothing to the loss. The sum is divided by ``normaliser`` (default: the number of
+    positions with a gold token and a gold predecessor). ``embedding_table``: the target's input embedding matrix,
+    which a factorised selector needs.
+    """
+    selector = drafter.candidate_selector
+    gold, predecessors = labels[:, 1:], labels[:, :-1]
+    scored = valid = selector_positions(labels)
+    candidate_logits, candidates = torch.topk(logits.detach().float(), selector.top_k, dim=-1)
+    safe_gold = gold.clamp_min(0)
+    missing = ~(candidates == safe_gold[..., None]).any(-1)
+    if insert_missing_gold:
+        candidates[..., -1] = torch.where(missing, safe_gold, candidates[..., -1])
+    else:
+        valid = valid & ~missing
+    candidate_logits = logits.detach().float().gather(-1, candidates)
+    scores = selector.pair_scores(hidden, predecessors.clamp_min(0)[..., None], candidates, candidate_logits,
+                                  embedding_table)[..., 0, :]
+    target_index = (candidates == safe_gold[..., None]).float().argmax(-1)
+    losses = F.cross_entropy(scores.float().flatten(0, 1), target_index.flatten(), reduction="none")
+    return (losses * valid.flatten()).sum() / (normaliser or scored.sum().clamp_min(1))
