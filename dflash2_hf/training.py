@@ -1,25 +1,16 @@
-"""Training DFlash / DFlash 2 drafters for any transformers causal LM.
+"""Training DFlash / DFlash 2 drafters for any transformers causal LM: the loop.
 
 Each step takes a few target-generated sequences, runs the frozen target once to get the features at
-``target_layer_ids``, and packs many blocks per sequence: block ``j`` starts at a random anchor ``a_j`` in the
-response, its queries are ``[token a_j, mask, ...]`` and it attends to the context features of tokens ``< a_j`` and to
-its own block only (an explicit attention mask; DFlash 2's convolutions stay inside each block). Losses:
-
-* drafter: cross-entropy of the target's next tokens at block positions ``k = 1 .. B-1``, weighted by
-  ``exp(-(k - 1) / gamma)`` (early positions matter most: a miss there ends the accepted prefix);
-* selector (DFlash 2): a K-way cross-entropy over the top-K candidates at each position, scored against the true
-  predecessor (teacher forcing), with the gold token put into the candidate set when the drafter missed it (the
-  published recipe, ``selector_gold="insert"``) or those positions left out (``selector_gold="skip"``: decoding can
-  only ever pick among the drafter's own top-K, so a weak drafter's selector learns from the choices it will face).
+``target_layer_ids``, packs many blocks per sequence at random anchors in the response and trains on the drafter's
+and the selector's losses (the blocks, their masks and the losses: :mod:`dflash2_hf.training_blocks`; the drafter's
+config, starting weights and LoRA wrapping: :mod:`dflash2_hf.drafter_setup`).
 
 A selector trained on a frozen drafter can take its blocks where decoding drafts them instead (``anchors="decoding"``):
 at the anchors greedy decoding with the drafter's argmax path visits on the target's own answers, which lie mostly
 where acceptance is low, while random anchors count every position alike.
 
-The blocks, masks and losses are in :mod:`dflash2_hf.training_blocks`; the drafter's config, starting weights and
-LoRA wrapping in :mod:`dflash2_hf.drafter_setup`. The loop here uses ``accelerate`` (one process, or ``accelerate
-launch --num_processes N`` for DDP), AdamW with warmup + cosine decay, gradient clipping and bf16 autocast, and
-resumes bit-for-bit from its latest checkpoint.
+The loop uses ``accelerate`` (one process, or ``accelerate launch --num_processes N`` for DDP), AdamW with warmup +
+cosine decay, gradient clipping and bf16 autocast, and resumes bit-for-bit from its latest checkpoint.
 """
 
 from __future__ import annotations

@@ -2,8 +2,18 @@
 the drafter loss's position weights and the selector's K-way loss.
 
 Block ``j`` starts at anchor ``a_j``: its queries are ``[token a_j, mask, ...]`` and its labels the target's own next
-tokens ``a_j .. a_j + B - 1`` (position 0 holds the anchor itself); it attends to the context before ``a_j`` and to
-its own block only (:func:`block_attention`).
+tokens ``a_j .. a_j + B - 1`` (position 0 holds the anchor itself); it attends to the context features of tokens
+``< a_j`` and to its own block only (:func:`block_attention`, an explicit mask; DFlash 2's convolutions stay inside
+each block). Losses:
+
+* drafter: cross-entropy of the target's next tokens at block positions ``k = 1 .. B-1``, weighted by
+  ``exp(-(k - 1) / gamma)`` (:func:`position_weights`: early positions matter most, a miss there ends the accepted
+  prefix);
+* selector (DFlash 2, :func:`selector_loss`): a K-way cross-entropy over the top-K candidates at each position,
+  scored against the true predecessor (teacher forcing), with the gold token put into the candidate set when the
+  drafter missed it (the published recipe, ``selector_gold="insert"``) or those positions left out
+  (``selector_gold="skip"``: decoding can only ever pick among the drafter's own top-K, so a weak drafter's selector
+  learns from the choices it will face).
 """
 
 from __future__ import annotations
