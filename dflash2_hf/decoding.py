@@ -25,6 +25,7 @@ from .block_length import CycleCost, cycle_cost_for
 from .drafting import BlockDrafter, DraftOptions
 from .lattice import PathStrategy, path_confidences, sample_path, select_path
 from .modeling import DFlashDraftModel
+from .planning import DraftingGuard
 from .verification import SparseDistribution, Verdict, greedy_choices, verify_greedy, verify_sampled
 
 
@@ -45,6 +46,8 @@ class DFlashStats:
     token (correction or bonus), as the published DFlash figures count them; the first token, which comes from the
     prefill, is not part of any cycle. ``verified_lengths[c]`` counts the drafted tokens cycle ``c`` sent to the
     target (fewer than ``block_size - 1`` when the adaptive block length cut the path, or near ``max_new_tokens``).
+    ``plain_steps`` counts the one-token steps taken where drafting did not pay (``dflash_plain_fallback``); they are
+    not cycles.
     """
 
     path: str
@@ -55,6 +58,7 @@ class DFlashStats:
     draft_seconds: float = 0.0
     select_seconds: float = 0.0
     verify_seconds: float = 0.0
+    plain_steps: int = 0
     drafts: list[DraftRecord] | None = None
 
     @property
@@ -67,7 +71,7 @@ class DFlashStats:
 
     @property
     def new_tokens(self) -> int:
-        return sum(self.acceptance_lengths) + 1
+        return sum(self.acceptance_lengths) + self.plain_steps + 1
 
 
 @dataclass
@@ -143,6 +147,9 @@ class DFlashDecoder:
         self.stats = DFlashStats(path=options.path.value, block_size=options.block_size,
                                  drafts=[] if options.record_drafts else None)
         self.block_cutter = self._block_cutter(options)
+        self.guard = None
+        if options.plain_fallback is not False:
+            self.guard = DraftingGuard(prices=None if options.plain_fallback is True else options.plain_fallback)
 
     def _block_cutter(self, options: DraftOptions):
         """What decides how much of each drafted path (or tree) to verify: ``None`` verifies it whole."""
@@ -206,10 +213,29 @@ class DFlashDecoder:
         context = self.block.context_features(output.hidden_states, input_ids.shape[1])
         sequence, stopped = self._emit(input_ids, [first])
         while not stopped:
-            sequence, stopped, context = self._cycle(sequence, context)
+            tick = time.perf_counter()
+            if self.guard is None or self.guard.drafts_next():
+                sequence, stopped, context = self._cycle(sequence, context)
+                if self.guard is not None:
+                    self.guard.record_cycle(self.stats.acceptance_lengths[-1], self.stats.verified_lengths[-1],
+                                            time.perf_counter() - tick)
+            else:
+                sequence, stopped, context = self._plain_step(sequence, context)
+                self.guard.record_plain(time.perf_counter() - tick)
         if self.streamer is not None:
             self.streamer.end()
         return sequence
+
+    def _plain_step(self, sequence: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, bool, torch.Tensor]:
+        """One step of plain decoding: the target's forward over the last token alone, its next token chosen as plain
+        decoding chooses it; that token's hidden states join the context the drafter has not seen yet."""
+        with record_function("dflash2.plain_step"):
+            output = self._forward(sequence[:, -1:])
+            token = self._choose(self._processed(sequence, sequence.shape[1], output.logits[0, -1]))
+            self.cache.crop(0)  # sliding-window layers back to their window, as after a cycle
+        sequence, stopped = self._emit(sequence, [token])
+        self.stats.plain_steps += 1
+        return sequence, stopped, torch.cat([context, self.block.context_features(output.hidden_states, 1)], dim=1)
 
     def _draft(self, sequence: torch.Tensor, context: torch.Tensor):
         """The timed draft of the block after the sequence's last token: its lattice and the drafter's hidden states,

@@ -34,6 +34,7 @@ from huggingface_hub import ModelCardData
 from transformers import GenerationConfig
 
 from .benchmark import markdown_table
+from .checkpoint import check_writable_folder
 from .drafting import DraftOptions
 from .modeling import DFLASH_FIELDS, DFlashConfig, DFlashDraftModel
 
@@ -91,9 +92,13 @@ def describe_config(config: DFlashConfig) -> dict:
 
 
 def check_destination(out: Path, drafter_folder: Path, overwrite: bool) -> None:
-    """Refuse an output folder that holds anything (unless ``overwrite``), and never replace the source itself."""
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"{out} exists and is not a folder.")
+    """Refuse an output folder that cannot be written (a file, a path under a file, a place where no folder can be
+    made: :func:`~dflash2_hf.checkpoint.check_writable_folder`) or that holds anything (unless ``overwrite``), and
+    never replace the source itself."""
+    try:
+        check_writable_folder(out)
+    except ValueError as error:
+        raise ExportError(str(error)) from None
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ExportError(f"{out} exists and is not empty; choose a new folder or pass --overwrite to replace it.")
     source = drafter_folder.resolve()

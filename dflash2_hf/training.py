@@ -31,8 +31,8 @@ from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .lattice import PathStrategy, build_lattice, score_lattice, select_path
 from .drafter_setup import is_peft_model
 from .modeling import DFlashDraftModel
-from .training_blocks import (IGNORE, BlockBatch, block_attention, block_positions, blocks_at, decoding_anchors,
-                              position_weights, sample_blocks, selector_loss, selector_positions)
+from .training_blocks import (IGNORE, BlockBatch, anchor_range, block_attention, block_positions, blocks_at,
+                              decoding_anchors, position_weights, sample_blocks, selector_loss, selector_positions)
 
 
 @dataclass
@@ -61,6 +61,14 @@ class TrainingConfig:
     feature_cache_gb: float = 8.0  # target features kept in memory; sequences past it are recomputed each time
 
     def __post_init__(self) -> None:
+        if self.steps < 0:
+            raise ValueError(f"steps must be >= 0, got {self.steps}.")
+        for name in ("batch_size", "blocks_per_sequence", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if not 0.0 <= self.heldout_fraction < 1.0:
+            raise ValueError(f"heldout_fraction must be in [0, 1) (the share of records held out; at least one record "
+                             f"must be left to train on), got {self.heldout_fraction}.")
         if self.selector_gold not in ("insert", "skip"):
             raise ValueError(f"selector_gold must be 'insert' or 'skip', got {self.selector_gold!r}.")
         if not 0.0 <= self.distill_weight <= 1.0:
@@ -70,6 +78,22 @@ class TrainingConfig:
         if self.anchors == "decoding" and self.train_drafter:
             raise ValueError("anchors='decoding' needs a frozen drafter (train_drafter=False): the anchors come from "
                              "the drafter's own decoding and are computed once per sequence.")
+
+
+def split_heldout(records: list[dict], heldout_fraction: float) -> tuple[list[dict], list[dict]]:
+    """``(training, held out)``: the last ``int(len(records) * heldout_fraction)`` records are held out."""
+    held = int(len(records) * heldout_fraction)
+    return (records[:-held], records[-held:]) if held else (records, [])
+
+
+def check_trainable(records: list[dict], max_length: int) -> None:
+    """Refuse training records none of which has an answer token within ``max_length`` to label (every response
+    empty, or cut off), with ``ValueError``: a run on them would learn nothing yet report loss 0 and save an untrained
+    drafter. Cheap, so a command checks its data with it before any model loads."""
+    if not any(anchor_range(record, max_length) for record in records):
+        raise ValueError(f"none of the {len(records)} training records has an answer token to learn from (every "
+                         f"response is empty, or its prompt fills the {max_length} tokens a sequence is cut to); make "
+                         "the data again with `dflash2-hf data`.")
 
 
 @dataclass
@@ -88,8 +112,7 @@ class DrafterTrainer:
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="bf16" if config.bf16 else "no")
         drafter.config.check_fits_target(target.config, target.get_output_embeddings().weight.shape[0])
         self.target = target.eval().requires_grad_(False).to(self.accelerator.device)
-        held = int(len(records) * config.heldout_fraction)
-        self.records, self.heldout = (records[:-held], records[-held:]) if held else (records, [])
+        self.records, self.heldout = split_heldout(records, config.heldout_fraction)
         self.output_dir = Path(config.output_dir)
         if not is_peft_model(drafter):  # PEFT decides what trains (adapters, modules_to_save)
             drafter.requires_grad_(config.train_drafter)
@@ -372,7 +395,9 @@ class DrafterTrainer:
         self.accelerator.wait_for_everyone()
 
     def train(self) -> list[dict]:
-        """Run (or finish) the configured number of steps; returns the per-step history."""
+        """Run (or finish) the configured number of steps; returns the per-step history. Training records without
+        an answer token to learn from are refused first (:func:`check_trainable`)."""
+        check_trainable(self.records, self.config.max_length)
         self.resume()
         self.drafter.train()
         progress = tqdm(total=self.config.steps, initial=self.step, desc="training", unit="step",

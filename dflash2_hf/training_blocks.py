@@ -48,6 +48,14 @@ class BlockBatch:
                           self.labels[keep], self.labels)
 
 
+def anchor_range(record: dict, max_length: int) -> range:
+    """Where a random block of ``record`` may start: from its last prompt token (which anchors the first response
+    block) to the one before its last token within ``max_length``; empty when no answer token lies inside (an empty
+    response, or one cut off by ``max_length``), so the record has nothing to label."""
+    length = min(len(record["prompt_ids"]) + len(record["response_ids"]), max_length)
+    return range(max(len(record["prompt_ids"]) - 1, 1), length - 1)
+
+
 def sample_blocks(
     sequences: list[dict], block_size: int, blocks_per_sequence: int, max_length: int, generator: torch.Generator,
     record_ids: list[int] | None = None,
@@ -55,12 +63,11 @@ def sample_blocks(
     """Pick random anchors in each response and build the block labels (the target's own next tokens)."""
     anchors = []
     for record in sequences:
-        length = min(len(record["prompt_ids"]) + len(record["response_ids"]), max_length)
-        first = max(len(record["prompt_ids"]) - 1, 1)  # the last prompt token anchors the first response block
-        if first >= length - 1:  # the response was cut off by max_length: nothing to label
+        allowed = anchor_range(record, max_length)
+        if not allowed:  # nothing to label
             anchors.append([])
             continue
-        candidates = torch.arange(first, length - 1)
+        candidates = torch.arange(allowed.start, allowed.stop)
         chosen = candidates[torch.randperm(len(candidates), generator=generator)[:blocks_per_sequence]]
         anchors.append(chosen.sort().values.tolist())
     return blocks_at(sequences, anchors, block_size, max_length, record_ids, slots=blocks_per_sequence)

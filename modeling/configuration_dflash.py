@@ -15,6 +15,8 @@ too. This file only imports torch/transformers so it can ship next to the weight
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedConfig
@@ -66,6 +68,9 @@ class DFlashConfig(PreTrainedConfig):
             ``dflash_tree_nodes`` nor ``dflash_adaptive_block`` (0 / False: verify one whole path).
         default_lookup_tokens: how many tokens copied from the context (``dflash_lookup_tokens``) a token tree adds
             as one more branch when the call does not say (0: none).
+        default_plain_fallback: whether ``generate`` decodes plainly wherever drafting is measured slower than plain
+            decoding on the machine at hand, when the call does not set ``dflash_plain_fallback`` (True: never much
+            slower than plain ``generate``; False: draft every cycle).
         is_causal: attend causally inside the block instead of bidirectionally (the published drafters use
             bidirectional attention).
     """
@@ -111,6 +116,7 @@ class DFlashConfig(PreTrainedConfig):
     default_tree_nodes: int = 0
     default_adaptive_block: bool = False
     default_lookup_tokens: int = 0
+    default_plain_fallback: bool = True
 
     def __post_init__(self, **kwargs: Any) -> None:
         nested = kwargs.pop("dflash_config", None) or {}
@@ -136,7 +142,13 @@ class DFlashConfig(PreTrainedConfig):
 
     @classmethod
     def get_config_dict(cls, pretrained_model_name_or_path: Any, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Read a config file and accept it only if it describes a drafter layout this class knows."""
+        """Read a config file and accept it only if it describes a drafter layout this class knows.
+
+        A local folder that does not exist or holds no ``config.json`` is named as such (a Hub repo id is looked up
+        as transformers does); a file without the drafting fields is refused with the one that is missing, before a
+        model of the wrong shape is built from defaults.
+        """
+        _check_local_source(pretrained_model_name_or_path, kwargs.get("subfolder", ""))
         config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
         model_type = config_dict.get("model_type", cls.model_type)
         architectures = config_dict.get("architectures") or []
@@ -145,6 +157,18 @@ class DFlashConfig(PreTrainedConfig):
             raise ValueError(
                 f"{pretrained_model_name_or_path} is not a DFlash drafter config (model_type={model_type!r}, "
                 f"architectures={architectures}); known architectures: {', '.join(KNOWN_ARCHITECTURES)}."
+            )
+        nested = config_dict.get("dflash_config")
+        if nested is None and "target_layer_ids" not in config_dict:
+            raise ValueError(
+                f"The config.json at {pretrained_model_name_or_path} has no `dflash_config`: the drafting fields "
+                "(block_size, mask_token_id, target_layer_ids and, for DFlash 2, the conv_* and selector_* fields) "
+                "live there. Use the config.json saved with the drafter's weights."
+            )
+        if "target_layer_ids" not in (nested or config_dict):
+            raise ValueError(
+                f"The config.json at {pretrained_model_name_or_path} has no target_layer_ids (the target layers whose "
+                "hidden states the drafter reads). Use the config.json saved with the drafter's weights."
             )
         return {**config_dict, "model_type": cls.model_type}, kwargs
 
@@ -217,6 +241,28 @@ class DFlashConfig(PreTrainedConfig):
         for name in DFLASH_FIELDS:
             output.pop(name, None)
         return output
+
+
+def _check_local_source(path: Any, subfolder: str = "") -> None:
+    """Refuse a local drafter location that does not exist or holds no ``config.json``, naming it.
+
+    A path counts as local when it exists, is absolute, starts with ``.`` or ``~``, is deeper than a Hub repo id's
+    ``namespace/name``, or lies in an existing folder; anything else is left to transformers as a Hub repo id, so
+    Hub downloads and the Hub cache work as before.
+    """
+    location = os.path.join(path, subfolder) if subfolder else str(path)
+    if os.path.isfile(location):
+        return  # a config file given directly
+    if os.path.isdir(location):
+        if not os.path.isfile(os.path.join(location, "config.json")):
+            raise FileNotFoundError(f"There is no config.json in {location}: a drafter folder holds the config.json "
+                                    "and model.safetensors that save_pretrained writes. Pass that folder.")
+        return
+    given = Path(path)
+    if (given.is_absolute() or str(path).startswith((".", "~")) or len(given.parts) > 2
+            or (len(given.parts) == 2 and given.parent.is_dir())):
+        raise FileNotFoundError(f"{location} does not exist. Pass a drafter folder (with the config.json and "
+                                "model.safetensors that save_pretrained writes) or a Hub repo id.")
 
 
 def spread_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:

@@ -46,11 +46,14 @@ def tiny_target(arch: str = "qwen3", seed: int = 0, vocab_size: int = TINY_VOCAB
 
 
 def tiny_drafter_config(kind: str = "dflash2", **overrides) -> DFlashConfig:
-    """A tiny drafter config for the tiny targets: ``kind`` is ``dflash`` (v1) or ``dflash2``."""
+    """A tiny drafter config for the tiny targets: ``kind`` is ``dflash`` (v1) or ``dflash2``. It drafts every cycle
+    (``default_plain_fallback=False``), so what a test sees of drafting does not hang on the machine's timing; the
+    fallback to plain decoding has tests of its own."""
     fields = dict(
         vocab_size=TINY_VOCAB, hidden_size=TINY_HIDDEN, intermediate_size=96, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
         num_target_layers=TINY_TARGET_LAYERS, target_layer_ids=[0, 2], block_size=8, mask_token_id=TINY_VOCAB - 1,
+        default_plain_fallback=False,
     )
     if kind == "dflash2":
         fields |= dict(conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=4)

@@ -225,6 +225,49 @@ def test_train_refuses_a_data_folder_without_responses_before_loading_the_target
         main(train_argv(str(tmp_path / "no-such-model"), [data[0], tmp_path / "typo"], tmp_path / "run"))
 
 
+def test_train_refuses_token_ids_outside_the_targets_vocabulary_naming_the_shard_and_line(target, data, tmp_path):
+    folder = tmp_path / "data"
+    shutil.copytree(data[0], folder)
+    shard = folder / "shard-0000002.jsonl"
+    record = json.loads(shard.read_text().splitlines()[0])
+    record["response_ids"][0] = 10**6  # as in data made with a larger vocabulary
+    shard.write_text(json.dumps(record) + "\n")
+    with pytest.raises(SystemExit) as stopped:
+        main(train_argv(target, folder, tmp_path / "run"))
+    assert str(stopped.value) == (
+        f"dflash2-hf train: {shard}, line 1: token id 1000000 is outside the target's vocabulary (ids 0 to 49151): the "
+        "data was made with another tokenizer; train with the target that made it (its manifest.json names it), or "
+        "make the data with this one.")
+    assert not (tmp_path / "run" / "drafter_config.json").exists() and not list((tmp_path / "run").glob("step-*"))
+
+
+def test_train_resumed_with_the_same_flags_continues_from_its_checkpoint(target, data, trained, tmp_path):
+    shutil.copytree(trained, tmp_path / "run", ignore=shutil.ignore_patterns("drafter"))
+    run([*train_argv(target, data[0], tmp_path / "run"), "--steps", "4"])
+    record = json.loads((tmp_path / "run" / "drafter" / "training.json").read_text())
+    assert record["budget"]["steps"] == 4 and len(json.loads((tmp_path / "run" / "step-000004" / "state.json")
+                                                               .read_text())["extra"]["history"]) == 4
+
+
+def test_train_refuses_to_resume_with_another_layout_naming_the_saved_and_asked_values(target, data, trained, tmp_path):
+    shutil.copytree(trained, tmp_path / "run", ignore=shutil.ignore_patterns("drafter"))
+    before = sorted(path.name for path in (tmp_path / "run").iterdir())
+    with pytest.raises(SystemExit) as stopped:
+        main([*train_argv(target, data[0], tmp_path / "run"), "--layers", "2", "--block-size", "8"])
+    assert str(stopped.value) == (
+        f"dflash2-hf train: {tmp_path / 'run'} holds checkpoints of another drafter layout: --layers "
+        "(num_hidden_layers): 1 saved, 2 asked; --block-size (block_size): 4 saved, 8 asked (saved in "
+        f"{tmp_path / 'run' / 'drafter_config.json'}). Resume with the saved values, or pass a new --out to start fresh.")
+    assert sorted(path.name for path in (tmp_path / "run").iterdir()) == before, "nothing written"
+
+
+def test_train_a_config_left_without_a_checkpoint_does_not_fix_the_next_runs_layout(target, data, trained, tmp_path):
+    (tmp_path / "run").mkdir()
+    shutil.copy(trained / "drafter_config.json", tmp_path / "run")  # a run that stopped before its first checkpoint
+    run([*train_argv(target, data[0], tmp_path / "run"), "--block-size", "8"])
+    assert DFlashDraftModel.from_pretrained(tmp_path / "run" / "drafter").block_size == 8
+
+
 def test_heldout_gives_the_teacher_forced_acceptance_of_argmax_and_the_selector_walk(target, data, trained, tmp_path):
     out = tmp_path / "heldout.json"
     printed = run(["heldout", str(trained / "drafter"), "--target", target, "--data", str(data[0]),
@@ -701,8 +744,12 @@ def test_data_resumes_a_folder_whose_manifest_predates_the_responses_and_prompts
     assert read_responses(older) == read_responses(folder), "nothing redone"
 
 
-def test_data_refuses_to_mix_existing_replies_into_a_folder_of_target_answers(target, data):
+def test_data_refuses_to_mix_existing_replies_into_a_folder_of_target_answers(target, data, tmp_path):
     folder, _ = data
+    chat_file = tmp_path / "replies.jsonl"  # the same prompts, with replies
+    chat_file.write_text("".join(json.dumps({"messages": [{"role": "user", "content": c},
+                                                          {"role": "assistant", "content": "Sure."}]}) + "\n"
+                                 for c in CHAT))
     with pytest.raises(ValueError, match="holds responses made with other settings"):
-        run(["data", "--target", target, "--chat-file", str(folder.parent / "chat.jsonl"), "--out", str(folder),
+        run(["data", "--target", target, "--chat-file", str(chat_file), "--out", str(folder),
              "--limit", "3", "--existing-responses", "--max-new-tokens", "12"])

@@ -106,7 +106,9 @@ def test_drafts_and_output_equal_the_reference_package_every_cycle(monkeypatch, 
     target = AutoModelForCausalLM.from_pretrained(REFERENCE / "target", dtype=torch.float32).eval()
     drafter = DFlashDraftModel.from_pretrained(REFERENCE / name, dtype=torch.float32).eval()
     paths = record_paths(monkeypatch)
-    output = target.generate(golden["prompt"], max_new_tokens=24, do_sample=False, assistant_model=drafter, dflash_path=path)
+    # the reference drafts every cycle; so does ours here (no fallback to plain steps, which would skip drafts)
+    output = target.generate(golden["prompt"], max_new_tokens=24, do_sample=False, assistant_model=drafter,
+                             dflash_path=path, dflash_plain_fallback=False)
     assert torch.equal(output, golden[f"{name}.greedy_output"])
     full = [draft for draft in paths if len(draft) == drafter.block_size - 1]
     reference = golden[f"{name}.greedy_drafts"].tolist()

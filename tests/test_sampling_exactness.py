@@ -13,9 +13,11 @@ the outcome is reproducible.
 Cost-aware block length (verifying only a prefix of each drafted path), token trees (several sampled paths
 verified at once by recursive rejection sampling) and their context-lookup branches keep the distribution exact;
 their negative controls (a cut that looks at the sampled tokens themselves; multi-draft rejection without residual
-updates; a rejected guess that leaves no residual) are rejected.
+updates; a rejected guess that leaves no residual) are rejected. So do generations that mix drafting cycles with the
+plain steps of the fallback to plain decoding; their control (plain steps that take the likeliest token) is rejected.
 """
 
+import functools
 import itertools
 
 import pytest
@@ -26,6 +28,7 @@ from scipy.stats import chisquare
 from dflash2_hf import decoding, tree_decoding
 from dflash2_hf.block_length import CycleCost
 from dflash2_hf.lattice import path_confidences
+from dflash2_hf.planning import DraftingGuard
 from dflash2_hf.verification import TreeVerdict, Verdict, rejection_distribution
 
 VOCAB, NEW_TOKENS, SAMPLES = 5, 4, 1000
@@ -71,7 +74,8 @@ def _without_top_k(settings):
 
 def sample_with_drafter(target, drafter, settings, seed=0, **dflash_kwargs) -> tuple[list[tuple[int, ...]], list[int]]:
     """N continuations sampled with the drafter, and the acceptance length of every cycle (or, with
-    ``statistic="verified_lengths"``, the drafted tokens each cycle verified)."""
+    ``statistic="verified_lengths"``, the drafted tokens each cycle verified; ``"plain_steps"``, each generation's
+    count of plain steps)."""
     statistic = dflash_kwargs.pop("statistic", "acceptance_lengths")
     torch.manual_seed(seed)
     draws, per_cycle = [], []
@@ -79,7 +83,8 @@ def sample_with_drafter(target, drafter, settings, seed=0, **dflash_kwargs) -> t
         out = target.generate(PROMPT, max_new_tokens=NEW_TOKENS, do_sample=True, assistant_model=drafter,
                               top_k=settings.get("top_k", 0), **_without_top_k(settings), **dflash_kwargs)
         draws.append(tuple(out[0, PROMPT.shape[1]:].tolist()))
-        per_cycle += getattr(drafter.last_generation_stats, statistic)
+        recorded = getattr(drafter.last_generation_stats, statistic)
+        per_cycle += recorded if isinstance(recorded, list) else [recorded]
     return draws, per_cycle
 
 
@@ -245,3 +250,40 @@ def test_same_seed_gives_the_same_output(models):
         torch.manual_seed(11)
         runs.append(target.generate(PROMPT, max_new_tokens=12, do_sample=True, assistant_model=drafter))
     assert torch.equal(*runs)
+
+
+# Drafting always loses under this cost (a cycle costs 2-4 plain steps for at most 3 tokens), and a guard with the
+# shortest pauses alternates one drafting cycle with plain steps inside each 4-token generation.
+LOSING_COST = CycleCost(fixed_seconds=1.0, verify_seconds=(1.0, 2.0, 3.0))
+ALTERNATING_GUARD = functools.partial(DraftingGuard, min_cycles=1, first_pause=1, longest_pause=1)
+
+
+def greedy_plain_steps(monkeypatch) -> None:
+    """Negative control: the fallback's plain steps take the target's likeliest token instead of sampling it."""
+    plain_step = decoding.DFlashDecoder._plain_step
+
+    def greedy(self, sequence, context):
+        self.do_sample = False
+        try:
+            return plain_step(self, sequence, context)
+        finally:
+            self.do_sample = True
+
+    monkeypatch.setattr(decoding.DFlashDecoder, "_plain_step", greedy)
+
+
+def test_plain_steps_mixed_with_drafting_keep_sampling_exact(models, monkeypatch):
+    """With token trees (the plain step is the same code for one path)."""
+    target, drafter = models
+    settings = SETTINGS["temperature 1.3, top-p 0.8, repetition penalty 1.5"]
+    exact = exact_distribution(target, settings)
+    monkeypatch.setattr(decoding, "DraftingGuard", ALTERNATING_GUARD)
+    options = dict(dflash_tree_nodes=4, dflash_plain_fallback=LOSING_COST)
+
+    draws, plain_steps = sample_with_drafter(target, drafter, settings, **options, statistic="plain_steps")
+    assert 0 < sum(plain_steps) < SAMPLES * NEW_TOKENS, "both plain steps and drafting cycles emitted tokens"
+    assert goodness_of_fit(draws, exact) > 1e-3
+
+    greedy_plain_steps(monkeypatch)
+    control, _ = sample_with_drafter(target, drafter, settings, **options)
+    assert goodness_of_fit(control, exact) < 1e-6, "plain steps that do not sample bias the output"

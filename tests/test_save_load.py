@@ -158,3 +158,49 @@ def test_v1_checkpoint_cannot_be_loaded_as_dflash2(tmp_path):
     tiny_drafter("dflash").save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="needs a DFlash 2 config"):
         DFlash2DraftModel.from_pretrained(tmp_path)
+
+
+def edit_config(folder, edit) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def test_config_without_dflash_config_names_what_is_missing(tmp_path):
+    tiny_drafter("dflash2").save_pretrained(tmp_path)
+    edit_config(tmp_path, lambda config: config.pop("dflash_config"))
+    with pytest.raises(ValueError, match=f"The config.json at {tmp_path} has no `dflash_config`: the drafting fields"):
+        DFlashDraftModel.from_pretrained(tmp_path)
+
+
+def test_config_without_target_layer_ids_names_what_is_missing(tmp_path):
+    tiny_drafter("dflash2").save_pretrained(tmp_path)
+    edit_config(tmp_path, lambda config: config["dflash_config"].pop("target_layer_ids"))
+    with pytest.raises(ValueError, match=f"The config.json at {tmp_path} has no target_layer_ids"):
+        DFlashDraftModel.from_pretrained(tmp_path)
+
+
+def test_folder_without_config_json_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match=f"There is no config.json in {tmp_path}"):
+        DFlashDraftModel.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("where", ["absolute", "./missing", "runs/missing"])
+def test_folder_that_does_not_exist_is_named(tmp_path, monkeypatch, where):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    path = str(tmp_path / "missing") if where == "absolute" else where
+    with pytest.raises(FileNotFoundError, match=f"^{path} does not exist"):
+        DFlashDraftModel.from_pretrained(path)
+
+
+def test_hub_repo_id_still_loads_from_the_hub_cache(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no local folder named like the repo's namespace
+    commit = "0" * 40
+    snapshot = tmp_path / "cache" / "models--org--drafter" / "snapshots" / commit
+    drafter = tiny_drafter("dflash2")
+    drafter.save_pretrained(snapshot)
+    (tmp_path / "cache" / "models--org--drafter" / "refs").mkdir()
+    (tmp_path / "cache" / "models--org--drafter" / "refs" / "main").write_text(commit)
+    loaded = DFlashDraftModel.from_pretrained("org/drafter", cache_dir=tmp_path / "cache", local_files_only=True)
+    torch.testing.assert_close(sample_output(loaded), sample_output(drafter), atol=0, rtol=0)

