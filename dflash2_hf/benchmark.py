@@ -19,7 +19,7 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
-from .cpu_kernels import PackedLinears
+from .cpu_kernels import PackedLinears, cpu_description
 from .decoding import DraftRecord
 
 SELECTOR_PATHS = ("greedy", "viterbi", "expected")
@@ -78,8 +78,9 @@ def standard_methods(
     block_sizes: list[int] | None = None, cycle_cost=None, tree_nodes: list[int] | None = None,
     lookup_tokens: list[int] | None = None, lookup_ngrams: list[int] | None = None,
 ) -> list[Method]:
-    """Plain decoding, prompt lookup, transformers' built-in DFlash on our drafter, ours per path (one whole path
-    each, even for a drafter whose config defaults to a tree; per verified block size when several are given: names
+    """Plain decoding, prompt lookup, ours as the drafter's defaults set it up (``dflash2 default``: what ``generate``
+    does with no option, the fallback to plain decoding included), transformers' built-in DFlash on our drafter, ours
+    per path (drafting every cycle, one whole path each, even for a drafter whose config defaults to a tree; per verified block size when several are given: names
     end in ``b<size>``), and classic assisted generation when a small draft LM is given. With a ``cycle_cost``
     (:class:`~dflash2_hf.block_length.CycleCost`), each of ours also runs with the cost-aware block length (names end
     in ``adaptive``), and with ``tree_nodes`` once per token-tree size (names end in ``tree<N>``; with a cost also
@@ -87,6 +88,9 @@ def standard_methods(
     ``L`` tokens: ``tree<N> lookup<L>``, and with ``lookup_ngrams`` once per longest matched suffix:
     ``tree<N> lookup<L> ngram<M>``)."""
     methods = [Method("plain"), Method("prompt lookup", {"prompt_lookup_num_tokens": prompt_lookup})]
+    if drafter is not None:  # what `generate(assistant_model=drafter)` does with no option given
+        methods.append(Method("dflash2 default", {"assistant_model": drafter, "dflash_path": None,
+                                                  "dflash_record_drafts": True}))
     if assistant is not None:
         methods.append(Method("assisted (draft LM)", {"assistant_model": assistant}))
     if drafter is not None:
@@ -95,7 +99,8 @@ def standard_methods(
         for path in (p for p in paths if p == "argmax" or drafter.config.is_dflash2):
             for size in sizes:
                 kwargs = {"assistant_model": drafter, "dflash_path": path, "dflash_record_drafts": True,
-                          "dflash_tree_nodes": 0}  # one whole path, whatever the drafter's default mode
+                          "dflash_tree_nodes": 0,  # one whole path, whatever the drafter's default mode
+                          "dflash_plain_fallback": False}  # drafting every cycle: the mode as named
                 if size is not None:
                     kwargs["dflash_block_size"] = size
                 suffix = f" b{size}" if len(sizes) > 1 else ""
@@ -133,6 +138,7 @@ class Run:
     draft_seconds: float = 0.0
     select_seconds: float = 0.0
     verify_seconds: float = 0.0
+    plain_steps: int = 0  # one-token steps where the fallback found drafting slower than plain decoding
     recall: dict = field(default_factory=dict)
     token_ids: list[int] = field(default_factory=list)  # the new tokens, to compare greedy runs with plain decoding
 
@@ -186,6 +192,7 @@ class Benchmark:
             run.acceptance_lengths = list(stats.acceptance_lengths)
             run.verified_lengths = list(stats.verified_lengths)
             run.draft_seconds, run.select_seconds, run.verify_seconds = stats.draft_seconds, stats.select_seconds, stats.verify_seconds
+            run.plain_steps = stats.plain_steps
             run.recall = draft_recall(stats.drafts or [], output[0].tolist())
         return run
 
@@ -301,20 +308,24 @@ def acceptance_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def cpu_model() -> str:
-    """The CPU's model name (Linux: from /proc/cpuinfo), else what ``platform`` knows."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+def speedup_table(rows: list[dict]) -> str:
+    """Median paired speedup per method (rows) and prompt source and temperature (columns), from
+    :func:`summarize_by_benchmark`'s rows: a method can gain on code and lose on chat."""
+    columns = list(dict.fromkeys((row["benchmark"], row["temperature"]) for row in rows))
+    cells = {(row["method"], row["benchmark"], row["temperature"]): row["speedup_median"] for row in rows}
+    lines = ["| method | " + " | ".join(f"{benchmark} T={temperature:g}" for benchmark, temperature in columns) + " |",
+             "|---|" + "---|" * len(columns)]
+    for method in dict.fromkeys(row["method"] for row in rows):
+        lines.append(f"| {method} | " + " | ".join(
+            f"{cells[(method, *column)]:.2f}" if (method, *column) in cells else "–" for column in columns) + " |")
+    return "\n".join(lines)
 
 
 def environment() -> dict:
-    """Versions, threads, CPU model and peak memory of this process: results from different machines differ."""
+    """Versions, threads, CPU (model and the flags that decide kernel speed) and peak memory of this process:
+    results from different machines differ."""
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "threads": torch.get_num_threads(), "cpu": cpu_model(),
+            "threads": torch.get_num_threads(), "cpu": cpu_description(),
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -328,10 +339,12 @@ def write_report(runs: list[Run], folder: str | Path, command: str, settings: di
     report = {"command": command, "settings": settings, "environment": environment(), "summary": rows,
               "summary_by_benchmark": by_benchmark, "runs": [asdict(r) for r in runs]}
     (folder / "results.json").write_text(json.dumps(report, indent=2))
-    by_source = (f"\nMean acceptance length by prompt source:\n\n{acceptance_table(by_benchmark)}\n"
-                 if any("mean_acceptance_length" in row for row in by_benchmark) else "")
+    by_source = f"\nSpeedup (median of paired ratios) by prompt source:\n\n{speedup_table(by_benchmark)}\n"
+    if any("mean_acceptance_length" in row for row in by_benchmark):
+        by_source += f"\nMean acceptance length by prompt source:\n\n{acceptance_table(by_benchmark)}\n"
     sizes = (f"Drafter: {settings['drafter_parameters']:,} parameters, of which the candidate selector "
              f"{settings['selector_parameters']:,}.\n\n" if "selector_parameters" in settings else "")
-    (folder / "results.md").write_text(f"Command: `{command}`\n\n{sizes}{markdown_table(rows)}\n{by_source}")
+    machine = f"CPU: {report['environment']['cpu']}.\n\n"
+    (folder / "results.md").write_text(f"Command: `{command}`\n\n{machine}{sizes}{markdown_table(rows)}\n{by_source}")
     benchmark_plots(rows, folder)
     return report

@@ -39,7 +39,8 @@ def check_writable_folder(folder: str | os.PathLike) -> None:
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".write-check-", dir=existing))
     except OSError as error:
-        raise ValueError(f"{folder} cannot be written: no folder can be made in {existing} ({error.strerror}).") from None
+        raise ValueError(f"{folder} cannot be written: no folder can be made in {existing} "
+                         f"({error.strerror}).") from None
 
 
 def _flatten_optimizer(state: dict) -> tuple[dict[str, torch.Tensor], list[dict]]:

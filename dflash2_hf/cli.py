@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from .cpu_kernels import PackedLinears, packed_linears_supported
+from .cpu_kernels import (PackedLinears, cpu_description, fastest_exact_setting, native_bf16_matmuls,
+                          packed_linears_supported)
 from .drafting import DraftOptions
 from .exact_attention import ExactAttention
 from .export import describe_drafter
@@ -67,6 +68,7 @@ def make_data(args: argparse.Namespace) -> None:
     except FileNotFoundError as error:
         raise SystemExit(f"dflash2-hf data: --code-prompts: {error}") from None
     answered = [record["prompt"] for folder in read_data(args.exclude_data or [], "data") for record in folder]
+    check_target_argument("dflash2-hf data", "--target", args.target)
     sources = args.chat_file or []
     if code is None and not sources:
         try:
@@ -80,7 +82,7 @@ def make_data(args: argparse.Namespace) -> None:
             conversations, held_out = code, []
         else:
             conversations = (c for source in sources for c in data.iter_conversations(source))
-            held_out = [] if args.chat_file else data.sharegpt_benchmark_prompts()  # `bench --prompts sharegpt` takes these
+            held_out = [] if args.chat_file else data.sharegpt_benchmark_prompts()  # for `bench --prompts sharegpt`
         prompts = data.training_prompts(conversations, args.limit * 4, max_chars=args.max_prompt_chars,
                                         exclude=data.excluded_from_training() + held_out, replies=replies,
                                         answered=answered)
@@ -162,6 +164,9 @@ def train(args: argparse.Namespace) -> None:
     check_out_folder("train", "--out", args.out)
     if args.export:
         check_out_folder("train", "--export", args.export)
+    check_target_argument("dflash2-hf train", "--target", args.target)
+    if args.init_from:
+        drafter_config("dflash2-hf train", "--init-from", args.init_from, args.target)
     target, tokenizer = load_target(args.target, dtype=torch.bfloat16)
     try:
         check_token_ids(records, target.get_input_embeddings().weight.shape[0], args.data)
@@ -247,6 +252,8 @@ def heldout(args: argparse.Namespace) -> None:
                                   blocks_per_sequence=args.blocks, heldout_fraction=args.heldout_fraction)
     except ValueError as error:
         raise SystemExit(f"dflash2-hf heldout: {error}") from None
+    check_target_argument("dflash2-hf heldout", "--target", args.target)
+    drafter_config("dflash2-hf heldout", "drafter", args.drafter, args.target)
     decoding = args.anchors == "decoding"  # in fp32 throughout, as `evaluate` decodes by default
     target, _ = load_target(args.target, dtype=torch.float32 if decoding else torch.bfloat16)
     drafter = DFlashDraftModel.from_pretrained(args.drafter).float()
@@ -267,18 +274,19 @@ def heldout(args: argparse.Namespace) -> None:
 
 def check_bf16_cpu_options(args: argparse.Namespace, command: str) -> None:
     """Refuse --packed-linears and --exact-attention, before any model loads, where they cannot run as documented:
-    both are for bf16 weights, and both rely on oneDNN's bf16 matmuls (same results packed; row-wise results).
-    ``command`` starts each message (``dflash2-hf generate``, or a script's name)."""
-    if args.packed_linears and args.dtype != "bfloat16":
-        raise SystemExit(f"{command}: --packed-linears packs bf16 weights; add --dtype bfloat16.")
+    packed bf16 linears and the float64 attention rely on oneDNN's bf16 matmuls (same results packed; row-wise
+    results), packed float32 linears on PyTorch's MKL, and the float64 attention is for bf16 (float32 is exact
+    already). ``command`` starts each message (``dflash2-hf generate``, or a script's name)."""
     if args.exact_attention and args.dtype != "bfloat16":
         raise SystemExit(f"{command}: --exact-attention makes bf16 decoding exact (float32 is exact "
                          "already); add --dtype bfloat16.")
-    chosen = [flag for flag, on in (("--packed-linears", args.packed_linears),
-                                    ("--exact-attention", args.exact_attention)) if on]
-    if chosen and not packed_linears_supported():
-        raise SystemExit(f"{command}: {' and '.join(chosen)} need a CPU whose bf16 matmuls run through "
+    bf16 = [flag for flag, on in (("--packed-linears", args.packed_linears and args.dtype == "bfloat16"),
+                                  ("--exact-attention", args.exact_attention)) if on]
+    if bf16 and not packed_linears_supported(torch.bfloat16):
+        raise SystemExit(f"{command}: {' and '.join(bf16)} need a CPU whose bf16 matmuls run through "
                          "oneDNN (AVX512-BF16 or AMX); this one has neither.")
+    if args.packed_linears and args.dtype == "float32" and not packed_linears_supported(torch.float32):
+        raise SystemExit(f"{command}: --packed-linears in float32 needs PyTorch built with MKL; this one has none.")
 
 
 def refuse_below(command: str, flag: str, values: float | list[float] | None, minimum: int, meaning: str = "") -> None:
@@ -419,11 +427,24 @@ def identity_verdict(identical: bool, dtype: str, exact_attention: bool = False)
 
 
 def exact_bf16_tip(dtype: str) -> str | None:
-    """For a float32 run on a CPU with oneDNN bf16 matmuls: the setting that is exact as well and faster there."""
-    if dtype != "float32" or not packed_linears_supported():
+    """For a float32 run on a CPU with bf16 matmul instructions: the setting that is exact as well and faster there."""
+    if dtype != "float32" or not (native_bf16_matmuls() and packed_linears_supported()):
         return None
     return ("exact too and faster on this CPU: --dtype bfloat16 --packed-linears --exact-attention (a bf16 block "
             "costs about as much to verify as one token; see docs/generation.md, exact greedy decoding in bf16)")
+
+
+def choose_setting(args: argparse.Namespace) -> str | None:
+    """With ``--dtype auto`` (the default), this CPU's fastest exact setting in place of the dtype and kernel flags,
+    and the line saying what was chosen and why; ``None`` when the dtype was given."""
+    if args.dtype != "auto":
+        return None
+    if args.packed_linears or args.exact_attention:
+        raise SystemExit("dflash2-hf generate: --packed-linears and --exact-attention go with an explicit --dtype; "
+                         "--dtype auto (the default) chooses them itself.")
+    setting = fastest_exact_setting()
+    args.dtype, args.packed_linears, args.exact_attention = setting.dtype, setting.packed_linears, setting.exact_attention
+    return f"setting for {cpu_description()}: {setting.describe()} (--dtype float32 or bfloat16 to choose yourself)"
 
 
 def generate(args: argparse.Namespace) -> None:
@@ -434,7 +455,10 @@ def generate(args: argparse.Namespace) -> None:
 
     from .presets import default_drafter_folder, load_target
 
+    chosen = choose_setting(args)
     check_generate_arguments(args)
+    if chosen:
+        print(f"--- {chosen}", flush=True)
     dtype = getattr(torch, args.dtype)
     target, tokenizer = load_target(args.target, dtype=dtype)
     drafter = DFlashDraftModel.from_pretrained(args.drafter or default_drafter_folder(args.target), dtype=dtype).eval()
@@ -467,6 +491,8 @@ def generate(args: argparse.Namespace) -> None:
             else f"tree of {options.tree_nodes}" if options.tree_nodes
             else "adaptive block" if options.adaptive_block else f"one path of {options.block_size - 1}")
     mode += f" + lookup of {options.lookup_tokens}" if options.lookup_tokens else ""
+    if options.plain_fallback:
+        mode += f"; {stats.plain_steps} plain steps where drafting did not pay"
     print(f"\n--- dflash2 ({stats.path}, {mode}): {new_tokens} tokens, {new_tokens / ours_seconds:.1f} tok/s, "
           f"mean acceptance length {stats.mean_acceptance_length:.2f}")
     if args.no_baseline:
@@ -575,6 +601,8 @@ def export(args: argparse.Namespace) -> None:
 
     try:
         check_destination(Path(args.out), Path(args.drafter), args.overwrite)  # before the target loads
+        if args.target:
+            check_target_argument("dflash2-hf export", "--target", args.target)
         target = load_target(args.target, dtype=torch.float32)[0] if args.target else None
         export_drafter(args.drafter, args.out, base_model=args.base_model, license_id=args.license,
                        results=args.results, path=args.path, dtype=getattr(torch, args.dtype),
@@ -684,12 +712,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--max-new-tokens", type=int, default=128)
     run.add_argument("--temperature", type=float, default=0.0, help="0 decodes greedily")
     run.add_argument("--top-p", type=float, default=1.0)
-    run.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                     help="float32 (default): greedy output token-identical to plain decoding")
+    run.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                     help="auto (default): this CPU's fastest exact setting (bf16 with packed linears and the "
+                          "float64 attention where the CPU has bf16 matmul instructions, else float32 with packed "
+                          "linears); float32: greedy output token-identical to plain decoding")
     run.add_argument("--no-baseline", action="store_true", help="skip the plain-decoding comparison")
     run.add_argument("--packed-linears", action="store_true",
-                     help="with --dtype bfloat16: pack every linear weight once for oneDNN (same results, faster; "
-                          "ours and the baseline alike)")
+                     help="with --dtype bfloat16 or float32: pack every linear weight once (oneDNN / MKL; faster, ours "
+                          "and the baseline alike)")
     run.add_argument("--exact-attention", action="store_true",
                      help="with --dtype bfloat16: the target attends in float64 (slower), so greedy output is "
                           "token-identical to plain decoding with that attention (ours and the baseline alike)")
@@ -728,8 +758,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          help="with --lookup-tokens, run each lookup branch once per longest matched suffix of M "
                               "tokens (max_matching_ngram_size; default: one run at 8)")
     measure.add_argument("--packed-linears", action="store_true",
-                         help="with --dtype bfloat16: also run every method with its linear weights packed once for "
-                              "oneDNN (names end in 'packed')")
+                         help="also run every method with its linear weights packed once (bf16: oneDNN; float32: "
+                              "MKL; names end in 'packed')")
     measure.add_argument("--exact-attention", action="store_true",
                          help="with --dtype bfloat16: the target attends in float64 in every method, plain included "
                               "(greedy bf16 output then identical to plain decoding)")

@@ -23,6 +23,7 @@ until :meth:`PackedLinears.enable` runs again (it repacks every weight that chan
 from __future__ import annotations
 
 import platform
+from dataclasses import dataclass
 from functools import cache, partial
 from pathlib import Path
 
@@ -41,16 +42,58 @@ def packed_linears_supported(dtype: torch.dtype = torch.bfloat16) -> bool:
 
 
 @cache
-def native_bf16_matmuls() -> bool:
-    """Whether this CPU computes bf16 matmuls in hardware (AVX512-BF16 or AMX). Elsewhere oneDNN or PyTorch emulate
-    them in float32 arithmetic plus conversions, and a bf16 model verifies many rows no faster (often slower) than a
-    float32 one. Read from ``/proc/cpuinfo`` (Linux); ``False`` where it cannot be read."""
+def _cpuinfo() -> tuple[str, frozenset[str]]:
+    """The CPU's model name and feature flags from ``/proc/cpuinfo`` (Linux); elsewhere the platform's processor
+    name and no flags."""
     cpuinfo = Path("/proc/cpuinfo")
     if platform.system() != "Linux" or not cpuinfo.exists():
-        return False
-    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.read_text().splitlines()
-                  if line.startswith("flags")), [])
-    return bool({"avx512_bf16", "amx_bf16"} & set(flags))
+        return platform.processor() or platform.machine(), frozenset()
+    fields = dict(line.split(":", 1) for line in cpuinfo.read_text().splitlines() if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    return fields.get("model name", platform.machine()), frozenset(fields.get("flags", "").split())
+
+
+def native_bf16_matmuls() -> bool:
+    """Whether this CPU computes bf16 matmuls in hardware (AVX512-BF16 or AMX). Elsewhere oneDNN or PyTorch emulate
+    them with float32 arithmetic plus conversions, and a bf16 model verifies many rows no faster (often slower) than a
+    float32 one. ``False`` where the CPU's flags cannot be read."""
+    return bool({"avx512_bf16", "amx_bf16"} & _cpuinfo()[1])
+
+
+def cpu_description() -> str:
+    """The CPU's model name and the flags that decide these kernels' speed (named next to every speed figure)."""
+    name, flags = _cpuinfo()
+    shown = [flag for flag in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if flag in flags]
+    return f"{name} ({', '.join(shown) if shown else 'no AVX2'}; {torch.get_num_threads()} threads)"
+
+
+@dataclass(frozen=True)
+class ExactSetting:
+    """A dtype and kernel choice whose greedy output is token-identical to plain decoding with the same choice, and
+    why it is the fastest such choice on this CPU."""
+
+    dtype: str
+    packed_linears: bool
+    exact_attention: bool
+    reason: str
+
+    def describe(self) -> str:
+        parts = [self.dtype] + ["packed linears"] * self.packed_linears + ["float64 attention"] * self.exact_attention
+        return f"{', '.join(parts)}: {self.reason}"
+
+
+def fastest_exact_setting() -> ExactSetting:
+    """The fastest exact setting for this CPU. With bf16 matmul instructions (AVX512-BF16 or AMX), bf16 on packed
+    oneDNN linears with the float64 attention (a block costs about one token to verify, and the attention makes it
+    exact). Without them bf16 is emulated and slower than float32, which is exact as it is; its linears run on
+    MKL-packed weights where PyTorch has MKL. ``docs/results.md`` has the measurements behind both choices."""
+    if native_bf16_matmuls() and packed_linears_supported(torch.bfloat16):
+        return ExactSetting("bfloat16", True, True, "this CPU multiplies bf16 in hardware (AVX512-BF16/AMX), where "
+                            "a bf16 block costs about one token to verify; the float64 attention keeps it exact")
+    packed = packed_linears_supported(torch.float32)
+    return ExactSetting("float32", packed, False, "this CPU has no bf16 matmul instructions (AVX512-BF16/AMX), so "
+                        "bf16 would be emulated and slower; float32 is exact" +
+                        (", and MKL-packed weights make verifying many tokens cheaper" if packed else ""))
 
 
 def _onednn_linear(packed: torch.Tensor, bias: torch.Tensor | None, hidden: torch.Tensor) -> torch.Tensor:

@@ -91,7 +91,8 @@ def _iter_json_lines(text: str, path: Path) -> Iterator[object]:
             try:
                 yield json.loads(line)
             except json.JSONDecodeError as error:
-                raise ValueError(f"{path}, line {number}: not JSON ({error.msg}); chat files are {CHAT_FILE_SHAPES}.") from None
+                raise ValueError(f"{path}, line {number}: not JSON ({error.msg}); chat files are "
+                                 f"{CHAT_FILE_SHAPES}.") from None
 
 
 def iter_conversations(path: str | os.PathLike) -> Iterator[list[dict[str, str]]]:

