@@ -34,11 +34,13 @@ PACKED_DTYPES = (torch.bfloat16, torch.float32)
 
 
 def packed_linears_supported(dtype: torch.dtype = torch.bfloat16) -> bool:
-    """Whether linears of this dtype can be packed here: bf16 needs a CPU whose bf16 matmuls run through oneDNN
-    (where packing changes no result), float32 PyTorch's MKL."""
+    """Whether linears of this dtype can be packed here: bf16 needs a CPU with bf16 matmul instructions (AVX512-BF16
+    or AMX) whose bf16 matmuls oneDNN runs (there packing changes no result, and every row comes out as it would
+    alone; oneDNN's emulation on other AVX-512 CPUs gives neither), float32 PyTorch's MKL."""
     if dtype == torch.float32:
         return torch.backends.mkl.is_available()
-    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return (native_bf16_matmuls() and torch.backends.mkldnn.is_available()
+            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 @cache

@@ -221,11 +221,17 @@ class DFlashDecoder:
                     self.guard.record_cycle(self.stats.acceptance_lengths[-1], self.stats.verified_lengths[-1],
                                             time.perf_counter() - tick)
             else:
+                guess = self._foreseen_token(sequence)
                 sequence, stopped, context = self._plain_step(sequence, context)
-                self.guard.record_plain(time.perf_counter() - tick)
+                self.guard.record_plain(time.perf_counter() - tick, foreseen=guess == int(sequence[0, -1]))
         if self.streamer is not None:
             self.streamer.end()
         return sequence
+
+    def _foreseen_token(self, sequence: torch.Tensor) -> int | None:
+        """A free guess at the next token, which ends a plain-decoding pause early when it keeps coming true: none
+        for one drafted path (:class:`~dflash2_hf.tree_decoding.TreeDecoder` guesses with its context lookup)."""
+        return None
 
     def _plain_step(self, sequence: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, bool, torch.Tensor]:
         """One step of plain decoding: the target's forward over the last token alone, its next token chosen as plain

@@ -11,8 +11,10 @@ chat). No fixed setting is right everywhere, so :class:`DraftingGuard` measures 
 
 While drafting is at least as fast, it drafts (re-timing one plain step every ``replain_every`` cycles, since speeds
 drift). When it is slower, it decodes plainly for ``pause`` steps, then probes drafting again for ``min_cycles``
-cycles; each failed probe doubles the pause (up to ``longest_pause``), a successful one resets it. On text where
-drafting never pays, the probes cost a few cycles per generation; on text where it pays, a plain step now and then.
+cycles; each failed probe doubles the pause (up to ``longest_pause``), a successful one resets it. Drafting pays in
+bursts (an answer that starts copying its prompt), so a pause also ends early once ``foreseen_to_probe`` plain steps
+in a row emitted the token the context lookup foresaw (a free guess: it reads the text only). On text where drafting
+never pays, the probes cost a few cycles per generation; on text where it pays, a plain step now and then.
 
 Speeds are wall-clock by default. Given a :class:`~dflash2_hf.block_length.CycleCost` (``dflash_plain_fallback=cost``)
 the guard prices each step by that cost model instead (a cycle: ``cost.cycle_seconds(verified tokens)``; a plain
@@ -40,21 +42,24 @@ class DraftingGuard:
         replain_every: while drafting pays, one plain step after this many drafting cycles, to keep the plain rate
             current.
         window: how many of the latest steps of each kind the rates are computed over.
+        foreseen_to_probe: plain steps in a row whose token the context lookup foresaw that end a pause.
         prices: price each step by this cost model instead of the seconds it took.
     """
 
     def __init__(self, min_cycles: int = 2, first_pause: int = 16, longest_pause: int = 256, replain_every: int = 32,
-                 window: int = 4, prices: CycleCost | None = None):
-        if min(min_cycles, first_pause, longest_pause, replain_every, window) < 1 or longest_pause < first_pause:
+                 window: int = 4, foreseen_to_probe: int = 2, prices: CycleCost | None = None):
+        if (min(min_cycles, first_pause, longest_pause, replain_every, window, foreseen_to_probe) < 1
+                or longest_pause < first_pause):
             raise ValueError("DraftingGuard needs positive counts and longest_pause >= first_pause.")
         self.min_cycles, self.first_pause, self.longest_pause = min_cycles, first_pause, longest_pause
-        self.replain_every = replain_every
+        self.replain_every, self.foreseen_to_probe = replain_every, foreseen_to_probe
         self.prices = prices
         self._drafted: deque[tuple[int, float]] = deque(maxlen=window)  # (tokens, seconds) per drafting cycle
         self._plain: deque[float] = deque(maxlen=window)  # seconds per plain step
         self._pause = first_pause
         self._plain_left = 0  # plain steps still to take before the next probe
         self._since_plain = 0  # drafting cycles since the last plain step
+        self._foreseen = 0  # plain steps in a row whose token the context lookup foresaw
 
     @property
     def drafting_rate(self) -> float | None:
@@ -84,12 +89,13 @@ class DraftingGuard:
         self._since_plain += 1
         self._judge()
 
-    def record_plain(self, seconds: float) -> None:
-        """A plain step took ``seconds``."""
+    def record_plain(self, seconds: float, foreseen: bool = False) -> None:
+        """A plain step took ``seconds``; ``foreseen``: it emitted the token the context lookup had guessed."""
         self._plain.append(seconds if self.prices is None else self.prices.verify_seconds[0])
         self._since_plain = 0
-        if self._plain_left > 0:
-            self._plain_left -= 1  # the last one of a pause: the probe starts next
+        self._foreseen = self._foreseen + 1 if foreseen else 0
+        if self._plain_left > 0:  # in a pause: its last step, or a run of foreseen tokens, starts the probe
+            self._plain_left = 0 if self._foreseen >= self.foreseen_to_probe else self._plain_left - 1
         else:
             self._judge()  # a plain step taken to time it
 

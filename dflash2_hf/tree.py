@@ -142,11 +142,12 @@ def likeliest_tree(lattice: Lattice, nodes: int) -> DraftTree:
     return tree
 
 
-def worthwhile_tree_size(lattice: Lattice, nodes: int, cost) -> int:
+def worthwhile_tree_size(lattice: Lattice, nodes: int, cost, lookup_tokens: int = 0) -> int:
     """How many drafted tokens (0 .. ``nodes``) a tree should hold under a cycle ``cost``
     (:meth:`~dflash2_hf.block_length.CycleCost.worthwhile_size` over the likeliest tree's branch probabilities, which
-    come best-first). It reads the lattice only, never a drawn token, so sizing keeps sampling exact."""
-    return cost.worthwhile_size(likeliest_tree(lattice, nodes).branch_probabilities)
+    come best-first), with ``lookup_tokens`` copied from the context verified in the same forward whatever its size.
+    It reads the lattice (and the context) only, never a drawn token, so sizing keeps sampling exact."""
+    return cost.worthwhile_size(likeliest_tree(lattice, nodes).branch_probabilities, also_verified=lookup_tokens)
 
 
 def sampled_tree(lattice: Lattice, nodes: int, temperature: float) -> DraftTree:

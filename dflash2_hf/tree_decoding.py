@@ -22,6 +22,9 @@ from .tree import (ROOT, DraftTree, check_tree_cache, keep_branch, likeliest_tre
 from .verification import TreeVerdict, greedy_choices, verify_tree_greedy, verify_tree_sampled
 
 
+FORESIGHT_NGRAM = 3  # the shortest suffix match whose guess may end a plain-decoding pause
+
+
 class TreeDecoder(DFlashDecoder):
     """Runs one generation whose cycles verify token trees (full-attention targets only)."""
 
@@ -33,6 +36,14 @@ class TreeDecoder(DFlashDecoder):
         self.draft_depth = min(options.block_size - 1, options.tree_nodes)
         # the longest suffix the context lookup matches: transformers' prompt-lookup setting, when given
         self.lookup_ngram = generation_config.max_matching_ngram_size or DEFAULT_MAX_NGRAM
+
+    def _foreseen_token(self, sequence: torch.Tensor) -> int | None:
+        """With a lookup branch: the token after the latest earlier occurrence of the text's last
+        ``FORESIGHT_NGRAM`` or more tokens (shorter matches foresee too little)."""
+        if not self.options.lookup_tokens:
+            return None
+        guess = lookup_continuation(sequence[0].tolist(), 1, self.lookup_ngram, min_ngram=FORESIGHT_NGRAM)
+        return guess[0] if guess else None
 
     def _cycle(self, sequence: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, bool, torch.Tensor]:
         """One cycle with a token tree: draft, grow a tree over the lattice, verify every node in one target forward
@@ -75,14 +86,15 @@ class TreeDecoder(DFlashDecoder):
     def _grow_tree(self, lattice, sequence: torch.Tensor) -> DraftTree:
         """The cycle's tree: drafted paths through the (pair-scored) lattice, sized by the cycle cost when asked, plus
         the context-lookup branch when asked."""
-        nodes = self.options.tree_nodes
-        if self.block_cutter is not None:
-            nodes = worthwhile_tree_size(lattice, nodes, self.block_cutter)
-        tree = sampled_tree(lattice, nodes, self.temperature) if self.do_sample else likeliest_tree(lattice, nodes)
+        lookup = []
         if self.options.lookup_tokens:
             room = self.max_length - sequence.shape[1] - 1
-            tree.add_lookup_path(lookup_continuation(sequence[0].tolist(), min(self.options.lookup_tokens, room),
-                                                     self.lookup_ngram))
+            lookup = lookup_continuation(sequence[0].tolist(), min(self.options.lookup_tokens, room), self.lookup_ngram)
+        nodes = self.options.tree_nodes
+        if self.block_cutter is not None:  # priced with the lookup branch's tokens, verified in the same forward
+            nodes = worthwhile_tree_size(lattice, nodes, self.block_cutter, lookup_tokens=len(lookup))
+        tree = sampled_tree(lattice, nodes, self.temperature) if self.do_sample else likeliest_tree(lattice, nodes)
+        tree.add_lookup_path(lookup)
         return tree
 
     def _verify_tree(self, sequence: torch.Tensor, tree: DraftTree, logits: torch.Tensor) -> TreeVerdict:

@@ -6,9 +6,10 @@
 
 Runs ``generate`` once to warm up, then once under ``torch.profiler`` and reads the wall time of each step of the
 cycle, as labelled in :mod:`dflash2_hf.decoding` (``dflash2.draft``, ``dflash2.select``, ``dflash2.verify_forward``,
-``dflash2.verify_decide``, ``dflash2.cache_crop``, ``dflash2.emit``, ``dflash2.context``); what no label covers is
+``dflash2.verify_decide``, ``dflash2.cache_crop``, ``dflash2.emit``, ``dflash2.context``, and the fallback's
+``dflash2.plain_step``); what no label covers is
 the loop's own Python work. Plain decoding of the same prompt is timed in the same run for scale (with
-``--packed-linears``, both run on packed bf16 linears: :class:`dflash2_hf.cpu_kernels.PackedLinears`; with
+``--packed-linears``, both run on packed linears (bf16: oneDNN, float32: MKL): :class:`dflash2_hf.cpu_kernels.PackedLinears`; with
 ``--exact-attention``, the target runs the float64 attention of :mod:`dflash2_hf.exact_attention` in both). Prints a
 Markdown table and writes the numbers as JSON.
 """
@@ -30,7 +31,7 @@ from dflash2_hf.exact_attention import ExactAttention
 from dflash2_hf.presets import default_drafter_folder, load_target
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and a short test."
-STEPS = ("draft", "select", "verify_forward", "verify_decide", "cache_crop", "emit", "context")
+STEPS = ("draft", "select", "verify_forward", "verify_decide", "cache_crop", "emit", "context", "plain_step")
 
 
 def step_seconds(prof: profile) -> dict[str, float]:
@@ -47,7 +48,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--block-size", type=int)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--packed-linears", action="store_true", help="bf16 only: linear weights packed once for oneDNN")
+    parser.add_argument("--packed-linears", action="store_true", help="linear weights packed once (bf16: oneDNN, float32: MKL)")
     parser.add_argument("--exact-attention", action="store_true",
                         help="bf16 only: the target's attention in float64, for ours and plain decoding alike")
     parser.add_argument("--out", default="profile.json")

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 
 from dflash2_hf import DFlash2DraftModel, DFlashDraftModel
 from dflash2_hf.cli import exact_bf16_tip, identity_verdict, main
-from dflash2_hf.cpu_kernels import packed_linears_supported
+from dflash2_hf.cpu_kernels import cpu_description, fastest_exact_setting, native_bf16_matmuls, packed_linears_supported
 from dflash2_hf.code_prompts import code_request
 from dflash2_hf.data import describe_data, read_responses
 from dflash2_hf.presets import SMOLLM2_135M
@@ -377,8 +377,8 @@ def test_bench_reports_every_method_at_every_temperature(bench, dtype):
     folder = bench(dtype)
     report = json.loads((folder / "results.json").read_text())
     assert {(row["method"], row["temperature"]) for row in report["summary"]} == {
-        (m, t) for m in ("plain", "prompt lookup", "transformers dflash", "dflash2 argmax", "dflash2 greedy",
-                         "dflash2 viterbi", "dflash2 expected") for t in (0.0, 1.0)}
+        (m, t) for m in ("plain", "prompt lookup", "dflash2 default", "transformers dflash", "dflash2 argmax",
+                         "dflash2 greedy", "dflash2 viterbi", "dflash2 expected") for t in (0.0, 1.0)}
     assert {row["benchmark"] for row in report["summary_by_benchmark"]} == {"humaneval", "mtbench"}
     assert report["settings"]["dtype"] == dtype and report["settings"]["per_source"] == 1
     assert 0 < report["settings"]["selector_parameters"] < report["settings"]["drafter_parameters"]
@@ -401,16 +401,20 @@ def test_export_puts_the_base_model_and_the_bench_results_in_the_card(trained, b
 def test_generate_streams_the_answer_and_matches_plain_decoding(target, trained):
     printed = run(["generate", "Write a Python function that reverses a string.", "--target", target,
                    "--drafter", str(trained / "drafter"), "--max-new-tokens", "8"])
-    assert "--- dflash2 (greedy, one path of 3): 8 tokens" in printed  # the tiny drafter sets no default tree
+    setting = fastest_exact_setting()
+    assert printed.startswith(f"--- setting for {cpu_description()}: {setting.describe()} (--dtype float32 or "
+                              "bfloat16 to choose yourself)\n")
+    # the tiny drafter sets no default tree; the fallback to plain steps is on by default
+    assert "--- dflash2 (greedy, one path of 3; " in printed and " plain steps where drafting did not pay): 8 tokens" in printed
     assert "--- plain decoding: 8 tokens" in printed
     assert "--- identical to plain decoding: yes" in printed
-    assert ("--- exact too and faster on this CPU: --dtype bfloat16" in printed) is packed_linears_supported()
+    assert "--- exact too and faster on this CPU" not in printed, "the chosen setting is this CPU's fastest exact one"
 
 
-def test_the_faster_exact_setting_is_offered_for_float32_only_where_oneDNN_runs_bf16():
+def test_the_faster_exact_setting_is_offered_for_float32_only_where_the_cpu_has_bf16_instructions():
     assert exact_bf16_tip("bfloat16") is None
     tip = exact_bf16_tip("float32")
-    if packed_linears_supported():
+    if native_bf16_matmuls() and packed_linears_supported():
         assert "--dtype bfloat16 --packed-linears --exact-attention" in tip
     else:
         assert tip is None
@@ -431,7 +435,7 @@ def test_generate_reads_the_prompt_from_stdin_and_samples_without_a_baseline(tar
     printed = run(["generate", "--target", target, "--drafter", str(trained / "drafter"), "--max-new-tokens", "8",
                    "--temperature", "0.7", "--top-p", "0.9", "--path", "expected", "--dtype", "bfloat16",
                    "--no-baseline"])
-    assert "--- dflash2 (expected, one path of 3): 8 tokens" in printed
+    assert "--- dflash2 (expected, one path of 3; " in printed and " did not pay): 8 tokens" in printed
     assert "plain decoding" not in printed
 
 
@@ -532,10 +536,18 @@ def test_bench_lookup_ngrams_without_a_lookup_branch_or_below_one_are_refused_be
         main(["bench", "--target", str(tmp_path / "no-such-model"), *options, "--out", str(tmp_path)])
 
 
-@pytest.mark.parametrize("command", ["bench", "generate"])
-def test_packed_linears_in_float32_are_refused_before_loading(tmp_path, command):
-    with pytest.raises(SystemExit, match=f"dflash2-hf {command}: --packed-linears packs bf16 weights; add --dtype bfloat16"):
-        main([command, "--target", str(tmp_path / "no-such-model"), "--packed-linears", "--dtype", "float32"])
+def test_kernel_flags_without_a_dtype_are_refused_since_auto_chooses_them(tmp_path):
+    with pytest.raises(SystemExit, match="dflash2-hf generate: --packed-linears and --exact-attention go with an "
+                                         r"explicit --dtype; --dtype auto \(the default\) chooses them itself\."):
+        main(["generate", "--target", str(tmp_path / "no-such-model"), "--packed-linears"])
+
+
+def test_generate_with_packed_float32_linears_matches_plain_decoding(target, trained):
+    printed = run(["generate", "Write a Python function that reverses a string.", "--target", target, "--drafter",
+                   str(trained / "drafter"), "--max-new-tokens", "16", "--dtype", "float32", "--packed-linears",
+                   "--tree-nodes", "6", "--lookup-tokens", "4"])
+    assert "--- setting" not in printed, "a dtype given is not chosen"
+    assert "--- identical to plain decoding: yes" in printed
 
 
 @pytest.mark.parametrize("command", ["bench", "generate"])
@@ -546,7 +558,7 @@ def test_exact_attention_in_float32_is_refused_before_loading(tmp_path, command)
 
 
 def test_bf16_cpu_options_on_a_cpu_without_onednn_bf16_are_refused_before_loading(tmp_path, monkeypatch):
-    monkeypatch.setattr("dflash2_hf.cli.packed_linears_supported", lambda: False)  # as on such a CPU
+    monkeypatch.setattr("dflash2_hf.cli.packed_linears_supported", lambda *dtype: False)  # as on such a CPU
     with pytest.raises(SystemExit, match="--packed-linears and --exact-attention need a CPU whose bf16 matmuls run "
                                          "through oneDNN"):
         main(["generate", "--target", str(tmp_path / "no-such-model"), "--packed-linears", "--exact-attention",
@@ -583,7 +595,7 @@ def test_generate_with_a_cost_sized_tree_matches_plain_decoding(target, trained,
     printed = run(["generate", "Write a Python function that reverses a string.", "--target", target,
                    "--drafter", str(trained / "drafter"), "--max-new-tokens", "8", "--tree-nodes", "6",
                    "--adaptive-block"])
-    assert "--- dflash2 (greedy, tree of up to 6, sized by cost): 8 tokens" in printed
+    assert "--- dflash2 (greedy, tree of up to 6, sized by cost; " in printed and " did not pay): 8 tokens" in printed
     assert "--- identical to plain decoding: yes" in printed
 
 
@@ -591,7 +603,7 @@ def test_generate_with_a_tree_and_a_lookup_branch_matches_plain_decoding(target,
     printed = run(["generate", "Write a Python function that reverses a string.", "--target", target,
                    "--drafter", str(trained / "drafter"), "--max-new-tokens", "8", "--tree-nodes", "6",
                    "--lookup-tokens", "4"])
-    assert "--- dflash2 (greedy, tree of 6 + lookup of 4): 8 tokens" in printed
+    assert "--- dflash2 (greedy, tree of 6 + lookup of 4; " in printed and " did not pay): 8 tokens" in printed
     assert "--- identical to plain decoding: yes" in printed
 
 

@@ -1,14 +1,18 @@
-"""Packed bf16 linears compute what the plain layers compute, bit for bit, and switch on and off cleanly."""
+"""Packed linears: bf16 ones compute what the plain layers compute, bit for bit; float32 ones keep one-row steps
+bit for bit and wider inputs within float32 rounding, and decode plain decoding's tokens; both switch on and off
+cleanly. The CPU facts that choose the fastest exact setting are read from the CPU itself."""
 
 import pytest
 import torch
 from conftest import tiny_drafter, tiny_target
 
-from dflash2_hf.cpu_kernels import PackedLinears, packed_linears_supported
+from dflash2_hf import cpu_kernels
+from dflash2_hf.cpu_kernels import PackedLinears, fastest_exact_setting, packed_linears_supported
 
 PROMPT = torch.tensor([[5, 17, 33, 2, 71, 8]])
 needs_onednn_bf16 = pytest.mark.skipif(not packed_linears_supported(),
                                        reason="this CPU has no oneDNN bf16 matmuls (AVX512-BF16 or AMX)")
+needs_mkl = pytest.mark.skipif(not packed_linears_supported(torch.float32), reason="this PyTorch has no MKL")
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +85,58 @@ def test_enable_repacks_a_weight_changed_since_it_was_packed():
 
 
 @needs_onednn_bf16
-def test_weights_not_in_bf16_are_refused_by_layer_name():
-    with pytest.raises(ValueError, match=r"bfloat16 weights on the CPU; model\.layers\.0\.self_attn\.q_proj holds torch\.float32"):
-        PackedLinears(tiny_target("qwen3", seed=1))
+def test_weights_of_mixed_dtypes_are_refused_by_layer_name(bf16_target):
+    with pytest.raises(ValueError, match=r"all of one dtype; model\.layers\.0\.self_attn\.q_proj holds torch\.float32 "
+                                         r"on cpu where the first layer holds torch\.bfloat16"):
+        PackedLinears(bf16_target, tiny_target("qwen3", seed=1))
+
+
+@needs_mkl
+@pytest.mark.parametrize("rows", [1, 5, 25])
+def test_packed_float32_layers_keep_one_row_bit_for_bit_and_wider_inputs_within_rounding(rows):
+    target, drafter = tiny_target("qwen2", seed=2), tiny_drafter("dflash2", seed=4)  # Qwen2: biased projections
+    layers = [m for model in (target, drafter) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = [torch.randn(1, rows, layer.in_features) for layer in layers]
+    with torch.no_grad():
+        plain = [layer(x) for layer, x in zip(layers, inputs)]
+        with PackedLinears(target, drafter):
+            packed = [layer(x) for layer, x in zip(layers, inputs)]
+    if rows == 1:
+        assert all(torch.equal(a, b) for a, b in zip(plain, packed))
+    else:
+        assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(plain, packed))
+
+
+@needs_mkl
+@pytest.mark.parametrize("tree_nodes", [0, 6])
+def test_decoding_on_packed_float32_linears_gives_plain_decodings_tokens(tree_nodes):
+    target, drafter = tiny_target("qwen3", seed=1), tiny_drafter("dflash2", seed=4)
+    plain = target.generate(PROMPT, max_new_tokens=24, do_sample=False)
+    with PackedLinears(target, drafter):
+        assert torch.equal(target.generate(PROMPT, max_new_tokens=24, do_sample=False), plain)
+        drafted = target.generate(PROMPT, max_new_tokens=24, do_sample=False, assistant_model=drafter,
+                                  dflash_tree_nodes=tree_nodes)
+    assert torch.equal(drafted, plain)
+    assert len(drafter.last_generation_stats.acceptance_lengths) > 1, "drafted cycles ran"
+
+
+@pytest.mark.parametrize(("flags", "dtype", "kernels"), [
+    ({"avx2", "avx512f", "amx_bf16"}, "bfloat16", (True, True)),
+    ({"avx2", "avx512f", "avx512_bf16"}, "bfloat16", (True, True)),
+    ({"avx2", "avx512f"}, "float32", (True, False)),  # AVX-512 without bf16 instructions: bf16 is emulated
+    ({"avx2"}, "float32", (True, False)),
+])
+def test_the_fastest_exact_setting_follows_the_cpus_bf16_instructions(monkeypatch, flags, dtype, kernels):
+    monkeypatch.setattr(cpu_kernels, "_cpuinfo", lambda: ("a CPU", frozenset(flags)))
+    monkeypatch.setattr(cpu_kernels, "packed_linears_supported", lambda dtype=torch.bfloat16: True)
+    setting = fastest_exact_setting()
+    assert (setting.dtype, (setting.packed_linears, setting.exact_attention)) == (dtype, kernels)
+    assert ("has no bf16 matmul instructions" in setting.reason) is (dtype == "float32")
+
+
+def test_the_cpu_is_described_by_model_name_and_the_flags_that_matter(monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "_cpuinfo", lambda: ("AMD EPYC 7B13", frozenset({"avx2", "fma", "sse4_2"})))
+    assert cpu_kernels.cpu_description() == f"AMD EPYC 7B13 (avx2; {torch.get_num_threads()} threads)"
 
 
 @pytest.mark.skipif(packed_linears_supported(), reason="this CPU has oneDNN bf16 matmuls")

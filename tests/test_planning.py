@@ -4,6 +4,8 @@ The guard's choices are tested with injected costs (``prices``: a :class:`CycleC
 they do not hang on this machine's timing; the decoding tests check that every plan gives plain decoding's tokens.
 """
 
+import warnings
+
 import pytest
 import torch
 from conftest import tiny_drafter, tiny_target
@@ -64,6 +66,17 @@ def test_a_probe_that_finds_drafting_faster_resumes_it():
     assert guard.drafts_next(), "the probe drafts"
     kinds = run(guard, emitted_per_cycle=16, verified=4, steps=40)  # now each cycle emits 16 tokens for 6 rows' cost
     assert kinds.count(False) <= 1, "drafting continues (one timing step at most)"
+
+
+def test_a_pause_ends_early_when_the_context_lookup_keeps_foreseeing_the_tokens():
+    guard = DraftingGuard(first_pause=16, prices=EXPENSIVE_ROWS)
+    run(guard, emitted_per_cycle=1, verified=4, steps=3)  # drafting lost: a pause of 16 begins
+    guard.record_plain(1.0, foreseen=True)
+    guard.record_plain(1.0, foreseen=False)  # the run is broken: the pause goes on
+    guard.record_plain(1.0, foreseen=True)
+    assert not guard.drafts_next()
+    guard.record_plain(1.0, foreseen=True)  # two in a row
+    assert guard.drafts_next(), "the probe starts after 4 of the 16 plain steps"
 
 
 def test_without_prices_the_measured_seconds_decide():
@@ -133,3 +146,18 @@ def test_the_wall_clock_guard_keeps_greedy_output_exact(target, drafter):
 def test_a_bad_plain_fallback_value_is_refused_before_work(target, drafter):
     with pytest.raises(ValueError, match="plain_fallback must be True, False or a CycleCost"):
         decode(target, drafter, dflash_plain_fallback="yes")
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_on_a_cpu_without_bf16_instructions_warns_and_names_float32(monkeypatch, native):
+    from dflash2_hf import hooks
+
+    monkeypatch.setattr(hooks, "native_bf16_matmuls", lambda: native)
+    target, drafter = tiny_target("qwen3", seed=1).to(torch.bfloat16), tiny_drafter("dflash2", seed=0).to(torch.bfloat16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        target.generate(PROMPT, max_new_tokens=4, do_sample=False, assistant_model=drafter)
+    ours = [w for w in caught if "no bf16 matmul instructions" in str(w.message)]
+    assert len(ours) == (0 if native else 1)
+    if ours:
+        assert "dtype=torch.float32: exact and faster on this CPU" in str(ours[0].message)

@@ -30,11 +30,12 @@ def test_long_run_memory_script_records_the_peak_at_every_mark_and_writes_it(tmp
 
 
 def test_profile_script_refuses_a_bf16_option_in_float32_before_loading_a_model():
-    """The profile script makes the CLI's checks, under its own name: --packed-linears without --dtype bfloat16."""
-    command = [sys.executable, str(ROOT / "scripts" / "profile_cycle.py"), "--packed-linears"]
+    """The profile script makes the CLI's checks, under its own name: --exact-attention without --dtype bfloat16."""
+    command = [sys.executable, str(ROOT / "scripts" / "profile_cycle.py"), "--exact-attention"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 1
-    assert "profile_cycle.py: --packed-linears packs bf16 weights; add --dtype bfloat16." in result.stderr
+    assert ("profile_cycle.py: --exact-attention makes bf16 decoding exact (float32 is exact already); add --dtype "
+            "bfloat16.") in result.stderr
     assert "Loading" not in result.stderr
 
 
