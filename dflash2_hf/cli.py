@@ -140,7 +140,7 @@ def train(args: argparse.Namespace) -> None:
     """Train a drafter on cached responses (resumes from ``--out``), then export it. Settings, data and output
     folders are checked before the target loads, the data's token ids and a resumed run's layout right after."""
     from .checkpoint import latest_checkpoint
-    from .data import check_token_ids, describe_data
+    from .data import describe_data
     from .export import read_training_record
     from .plots import training_curves
     from .presets import load_target, target_name
@@ -168,10 +168,7 @@ def train(args: argparse.Namespace) -> None:
     if args.init_from:
         drafter_config("dflash2-hf train", "--init-from", args.init_from, args.target)
     target, tokenizer = load_target(args.target, dtype=torch.bfloat16)
-    try:
-        check_token_ids(records, target.get_input_embeddings().weight.shape[0], args.data)
-    except ValueError as error:
-        raise SystemExit(f"dflash2-hf train: {error}") from None
+    check_data_vocabulary("train", records, target, args.data)
     saved_config = out / "drafter_config.json"
     torch.manual_seed(args.seed)
     if args.init_from:  # the layout comes from the drafter being continued (or upgraded to DFlash 2)
@@ -231,6 +228,16 @@ def evaluate(args: argparse.Namespace) -> None:
         Path(args.out).write_text(json.dumps(record, indent=2))
 
 
+def check_data_vocabulary(command: str, records: list[dict], target, folders: list[str]) -> None:
+    """Refuse, right after the target loads and before any work, records whose token ids its vocabulary lacks."""
+    from .data import check_token_ids
+
+    try:
+        check_token_ids(records, target.get_input_embeddings().weight.shape[0], folders)
+    except ValueError as error:
+        raise SystemExit(f"dflash2-hf {command}: {error}") from None
+
+
 def heldout(args: argparse.Namespace) -> None:
     """Teacher-forced acceptance on the held-out records of a `dflash2-hf data` folder, for the argmax path and the
     selector's greedy walk: the figures `train --heldout-fraction` records while it trains, for any drafter (the same
@@ -256,6 +263,7 @@ def heldout(args: argparse.Namespace) -> None:
     drafter_config("dflash2-hf heldout", "drafter", args.drafter, args.target)
     decoding = args.anchors == "decoding"  # in fp32 throughout, as `evaluate` decodes by default
     target, _ = load_target(args.target, dtype=torch.float32 if decoding else torch.bfloat16)
+    check_data_vocabulary("heldout", records, target, args.data)
     drafter = DFlashDraftModel.from_pretrained(args.drafter).float()
     trainer = DrafterTrainer(drafter, target, records, settings)
     if decoding:

@@ -22,6 +22,7 @@ until :meth:`PackedLinears.enable` runs again (it repacks every weight that chan
 
 from __future__ import annotations
 
+import os
 import platform
 from dataclasses import dataclass
 from functools import cache, partial
@@ -62,11 +63,19 @@ def native_bf16_matmuls() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & _cpuinfo()[1])
 
 
+#: Environment variables that hold PyTorch's, MKL's and oneDNN's kernels below what the CPU has (e.g. ``avx2`` on an
+#: AVX-512 CPU, to measure what an AVX2-only CPU would do).
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+
+
 def cpu_description() -> str:
-    """The CPU's model name and the flags that decide these kernels' speed (named next to every speed figure)."""
+    """The CPU's model name and the flags that decide these kernels' speed (named next to every speed figure), and
+    any instruction-set limit set in the environment."""
     name, flags = _cpuinfo()
     shown = [flag for flag in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if flag in flags]
-    return f"{name} ({', '.join(shown) if shown else 'no AVX2'}; {torch.get_num_threads()} threads)"
+    limits = [f"{variable}={os.environ[variable]}" for variable in ISA_LIMITS if os.environ.get(variable)]
+    limited = f"; kernels limited by {' '.join(limits)}" if limits else ""
+    return f"{name} ({', '.join(shown) if shown else 'no AVX2'}; {torch.get_num_threads()} threads{limited})"
 
 
 @dataclass(frozen=True)

@@ -126,3 +126,23 @@ def one_thread():
 def _deterministic_threads():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def weightless_target(tmp_path) -> str:
+    """A checkpoint folder with a config.json and no weights: a command that got as far as loading it would stop
+    with transformers' OSError, so a one-line refusal from it proves the check ran before any model loaded."""
+    folder = tmp_path / "target"
+    tiny_target("llama").config.save_pretrained(folder)
+    return str(folder)
+
+
+def refusal(argv: list[str]) -> str:
+    """The message `dflash2-hf ARGV` stops with: one line, no traceback."""
+    from dflash2_hf.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    message = str(stopped.value)
+    assert "\n" not in message
+    return message

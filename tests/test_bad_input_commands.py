@@ -11,28 +11,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import tiny_drafter, tiny_target
+from conftest import refusal, tiny_drafter
 
-from dflash2_hf.cli import main
 
 SHAPES = "chat files are ShareGPT JSON"  # how a refused chat file's message goes on
 
 
 @pytest.fixture
-def target(tmp_path) -> str:
-    """A checkpoint folder with a config.json and no weights."""
-    folder = tmp_path / "target"
-    tiny_target("llama").config.save_pretrained(folder)
-    return str(folder)
-
-
-def refusal(argv: list[str]) -> str:
-    """The message `dflash2-hf ARGV` stops with: one line, no traceback."""
-    with pytest.raises(SystemExit) as stopped:
-        main(argv)
-    message = str(stopped.value)
-    assert "\n" not in message
-    return message
+def target(weightless_target) -> str:
+    return weightless_target
 
 
 def data_folder(folder: Path, records: list[dict], text: str | None = None) -> Path:

@@ -225,20 +225,25 @@ def test_train_refuses_a_data_folder_without_responses_before_loading_the_target
         main(train_argv(str(tmp_path / "no-such-model"), [data[0], tmp_path / "typo"], tmp_path / "run"))
 
 
-def test_train_refuses_token_ids_outside_the_targets_vocabulary_naming_the_shard_and_line(target, data, tmp_path):
+@pytest.mark.parametrize("command", ["train", "heldout"])
+def test_token_ids_outside_the_targets_vocabulary_are_refused_naming_the_shard_and_line(target, data, trained,
+                                                                                        tmp_path, command):
     folder = tmp_path / "data"
     shutil.copytree(data[0], folder)
     shard = folder / "shard-0000002.jsonl"
     record = json.loads(shard.read_text().splitlines()[0])
     record["response_ids"][0] = 10**6  # as in data made with a larger vocabulary
     shard.write_text(json.dumps(record) + "\n")
+    argv = (train_argv(target, folder, tmp_path / "run") if command == "train" else
+            ["heldout", str(trained / "drafter"), "--target", target, "--data", str(folder), "--heldout-fraction", "0.5"])
     with pytest.raises(SystemExit) as stopped:
-        main(train_argv(target, folder, tmp_path / "run"))
+        main(argv)
     assert str(stopped.value) == (
-        f"dflash2-hf train: {shard}, line 1: token id 1000000 is outside the target's vocabulary (ids 0 to 49151): the "
-        "data was made with another tokenizer; train with the target that made it (its manifest.json names it), or "
-        "make the data with this one.")
-    assert not (tmp_path / "run" / "drafter_config.json").exists() and not list((tmp_path / "run").glob("step-*"))
+        f"dflash2-hf {command}: {shard}, line 1: token id 1000000 is outside the target's vocabulary (ids 0 to 49151): "
+        "the data was made with another tokenizer; train with the target that made it (its manifest.json names it), "
+        "or make the data with this one.")
+    assert not (tmp_path / "run").exists() or not list((tmp_path / "run").glob("step-*"))
+    assert not (tmp_path / "run" / "drafter_config.json").exists()
 
 
 def test_train_resumed_with_the_same_flags_continues_from_its_checkpoint(target, data, trained, tmp_path):

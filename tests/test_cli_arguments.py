@@ -7,7 +7,7 @@ for the same reason.
 """
 
 import pytest
-from conftest import tiny_drafter_config, tiny_target
+from conftest import refusal, tiny_drafter_config
 
 from dflash2_hf.cli import main
 from dflash2_hf.presets import PRESETS
@@ -16,11 +16,8 @@ NO_WEIGHTS = "no file named model.safetensors"  # what loading the target would 
 
 
 @pytest.fixture
-def target(tmp_path) -> str:
-    """A checkpoint folder with a config.json and no weights."""
-    folder = tmp_path / "target"
-    tiny_target("llama").config.save_pretrained(folder)
-    return str(folder)
+def target(weightless_target) -> str:
+    return weightless_target
 
 
 @pytest.fixture
@@ -37,15 +34,6 @@ def v1_drafter(tmp_path) -> str:
     folder = tmp_path / "v1-drafter"
     tiny_drafter_config("dflash").save_pretrained(folder)
     return str(folder)
-
-
-def refusal(argv: list[str]) -> str:
-    """The message `dflash2-hf ARGV` stops with: one line, no traceback."""
-    with pytest.raises(SystemExit) as stopped:
-        main(argv)
-    message = str(stopped.value)
-    assert "\n" not in message
-    return message
 
 
 def command_argv(command: str, target: str, drafter: str, tmp_path) -> list[str]:

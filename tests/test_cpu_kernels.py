@@ -134,9 +134,13 @@ def test_the_fastest_exact_setting_follows_the_cpus_bf16_instructions(monkeypatc
     assert ("has no bf16 matmul instructions" in setting.reason) is (dtype == "float32")
 
 
-def test_the_cpu_is_described_by_model_name_and_the_flags_that_matter(monkeypatch):
+def test_the_cpu_is_described_by_model_name_the_flags_that_matter_and_any_isa_limit(monkeypatch):
+    for variable in cpu_kernels.ISA_LIMITS:
+        monkeypatch.delenv(variable, raising=False)
     monkeypatch.setattr(cpu_kernels, "_cpuinfo", lambda: ("AMD EPYC 7B13", frozenset({"avx2", "fma", "sse4_2"})))
     assert cpu_kernels.cpu_description() == f"AMD EPYC 7B13 (avx2; {torch.get_num_threads()} threads)"
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert cpu_kernels.cpu_description().endswith("threads; kernels limited by ATEN_CPU_CAPABILITY=avx2)")
 
 
 @pytest.mark.skipif(packed_linears_supported(), reason="this CPU has oneDNN bf16 matmuls")
