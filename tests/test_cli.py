@@ -471,6 +471,15 @@ def bench_once(*argv: str) -> dict:
     return json.loads((out / "results.json").read_text())
 
 
+def test_bench_packed_float32_linears_run_the_default_and_every_method_also_packed(target, trained, tmp_path):
+    report = bench_once("--target", target, "--drafter", str(trained / "drafter"), "--paths", "greedy",
+                        "--dtype", "float32", "--packed-linears", "--out", str(tmp_path / "report"))
+    rows = {row["method"]: row for row in report["summary"]}
+    assert {"plain", "plain packed", "dflash2 default", "dflash2 default packed", "dflash2 greedy packed"} <= set(rows)
+    assert all(row["same_tokens_as_plain"] == 1 for row in rows.values()), "float32 packed or not: plain's tokens"
+    assert report["settings"]["packed_linears"] is True and report["environment"]["cpu"]
+
+
 def test_bench_compares_verified_block_sizes(target, trained, tmp_path):
     report = bench_once("--target", target, "--drafter", str(trained / "drafter"), "--paths", "greedy",
                         "--block-sizes", "2", "4", "--dtype", "float32", "--out", str(tmp_path))

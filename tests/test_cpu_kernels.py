@@ -169,3 +169,22 @@ def test_smollm2_decodes_the_same_tokens_on_packed_linears():
     with PackedLinears(target, drafter):
         assert torch.equal(decode(), plain)
         assert torch.equal(decode(assistant_model=drafter), ours)
+
+
+@needs_mkl
+@pytest.mark.slow
+def test_smollm2_decodes_plain_decodings_tokens_on_packed_float32_linears():
+    """The real SmolLM2-135M and its shipped drafter in float32, one HumanEval and one MT-Bench prompt: plain decoding
+    and the default plan on packed float32 linears give unpacked plain decoding's tokens."""
+    from dflash2_hf import DFlashDraftModel
+    from dflash2_hf.evaluation import benchmark_prompts
+    from dflash2_hf.presets import default_drafter_folder, load_target
+
+    target, tokenizer = load_target("smollm2-135m", dtype=torch.float32)
+    drafter = DFlashDraftModel.from_pretrained(default_drafter_folder("smollm2-135m"), dtype=torch.float32).eval()
+    for _, prompt in benchmark_prompts(tokenizer, ["humaneval", "mtbench"], 1):
+        plain = target.generate(prompt, max_new_tokens=64, do_sample=False)
+        with PackedLinears(target, drafter):
+            assert torch.equal(target.generate(prompt, max_new_tokens=64, do_sample=False), plain)
+            assert torch.equal(target.generate(prompt, max_new_tokens=64, do_sample=False, assistant_model=drafter),
+                               plain)

@@ -352,6 +352,16 @@ DOCUMENTED_COMMANDS = {
     "dflash2-hf generate --dtype bfloat16 --packed-linears":
         "tests/test_cli.py::test_generate_with_packed_linears_streams_the_same_answer",
     "dflash2-hf bench --dtype bfloat16 --packed-linears": "tests/test_cli.py::test_bench_packed_linears_run_every_method_also_packed",
+    # docs/results.md: the current runs, on a CPU without bf16 instructions (the tiny target, fp32 packed twins).
+    "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 3 --temperatures 0 --max-new-tokens 128 "
+    "--threads 2 --paths greedy --dtype float32 --packed-linears --out docs/results/xeon-avx512-fp32":
+        "tests/test_cli.py::test_bench_packed_float32_linears_run_the_default_and_every_method_also_packed",
+    "dflash2-hf bench --temperatures 0 --max-new-tokens 128 --threads 2 --paths greedy --prompts humaneval mtbench "
+    "sharegpt --per-source 3 --dtype bfloat16 --out docs/results/xeon-avx512-bf16":
+        "tests/test_cli.py::test_bench_packed_float32_linears_run_the_default_and_every_method_also_packed",
+    "dflash2-hf bench --temperatures 0 --max-new-tokens 128 --threads 2 --paths greedy --prompts humaneval "
+    "--per-source 4 --dtype float32 --packed-linears --out docs/results/xeon-avx2-fp32":
+        "tests/test_cli.py::test_bench_packed_float32_linears_run_the_default_and_every_method_also_packed",
     # docs/training.md: the Qwen2.5-Coder recipe, on the tiny target (a SmolLM2-vocabulary mask token) and a 3-prompt
     # chat file instead of ShareGPT's replies.
     "dflash2-hf data --target qwen2.5-coder-0.5b --out runs/qwen0.5b-data --limit 3000 --existing-responses "
