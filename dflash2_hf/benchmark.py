@@ -80,13 +80,13 @@ def standard_methods(
 ) -> list[Method]:
     """Plain decoding, prompt lookup, ours as the drafter's defaults set it up (``dflash2 default``: what ``generate``
     does with no option, the fallback to plain decoding included), transformers' built-in DFlash on our drafter, ours
-    per path (drafting every cycle, one whole path each, even for a drafter whose config defaults to a tree; per verified block size when several are given: names
-    end in ``b<size>``), and classic assisted generation when a small draft LM is given. With a ``cycle_cost``
-    (:class:`~dflash2_hf.block_length.CycleCost`), each of ours also runs with the cost-aware block length (names end
-    in ``adaptive``), and with ``tree_nodes`` once per token-tree size (names end in ``tree<N>``; with a cost also
-    cost-sized: ``tree<N> adaptive``; with ``lookup_tokens``, each tree also with a context-lookup branch of up to
-    ``L`` tokens: ``tree<N> lookup<L>``, and with ``lookup_ngrams`` once per longest matched suffix:
-    ``tree<N> lookup<L> ngram<M>``)."""
+    per path (drafting every cycle, one whole path each, even for a drafter whose config defaults to a tree; per
+    verified block size when several are given: names end in ``b<size>``), and classic assisted generation when a
+    small draft LM is given. With a ``cycle_cost`` (:class:`~dflash2_hf.block_length.CycleCost`), each of ours also
+    runs with the cost-aware block length (names end in ``adaptive``), and with ``tree_nodes`` once per token-tree
+    size (names end in ``tree<N>``; with a cost also cost-sized: ``tree<N> adaptive``; with ``lookup_tokens``, each
+    tree also with a context-lookup branch of up to ``L`` tokens: ``tree<N> lookup<L>``, and with ``lookup_ngrams``
+    once per longest matched suffix: ``tree<N> lookup<L> ngram<M>``)."""
     methods = [Method("plain"), Method("prompt lookup", {"prompt_lookup_num_tokens": prompt_lookup})]
     if drafter is not None:  # what `generate(assistant_model=drafter)` does with no option given
         methods.append(Method("dflash2 default", {"assistant_model": drafter, "dflash_path": None,

@@ -451,7 +451,8 @@ def choose_setting(args: argparse.Namespace) -> str | None:
         raise SystemExit("dflash2-hf generate: --packed-linears and --exact-attention go with an explicit --dtype; "
                          "--dtype auto (the default) chooses them itself.")
     setting = fastest_exact_setting()
-    args.dtype, args.packed_linears, args.exact_attention = setting.dtype, setting.packed_linears, setting.exact_attention
+    args.dtype = setting.dtype
+    args.packed_linears, args.exact_attention = setting.packed_linears, setting.exact_attention
     return f"setting for {cpu_description()}: {setting.describe()} (--dtype float32 or bfloat16 to choose yourself)"
 
 

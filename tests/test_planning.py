@@ -153,7 +153,8 @@ def test_bf16_on_a_cpu_without_bf16_instructions_warns_and_names_float32(monkeyp
     from dflash2_hf import hooks
 
     monkeypatch.setattr(hooks, "native_bf16_matmuls", lambda: native)
-    target, drafter = tiny_target("qwen3", seed=1).to(torch.bfloat16), tiny_drafter("dflash2", seed=0).to(torch.bfloat16)
+    target = tiny_target("qwen3", seed=1).to(torch.bfloat16)
+    drafter = tiny_drafter("dflash2", seed=0).to(torch.bfloat16)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         target.generate(PROMPT, max_new_tokens=4, do_sample=False, assistant_model=drafter)
