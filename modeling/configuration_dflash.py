@@ -16,7 +16,6 @@ too. This file only imports torch/transformers so it can ship next to the weight
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedConfig
@@ -258,9 +257,10 @@ def _check_local_source(path: Any, subfolder: str = "") -> None:
             raise FileNotFoundError(f"There is no config.json in {location}: a drafter folder holds the config.json "
                                     "and model.safetensors that save_pretrained writes. Pass that folder.")
         return
-    given = Path(path)
-    if (given.is_absolute() or str(path).startswith((".", "~")) or len(given.parts) > 2
-            or (len(given.parts) == 2 and given.parent.is_dir())):
+    given = os.path.normpath(str(path))
+    parts = given.split(os.sep)
+    if (os.path.isabs(given) or str(path).startswith((".", "~")) or len(parts) > 2
+            or (len(parts) == 2 and os.path.isdir(parts[0]))):
         raise FileNotFoundError(f"{location} does not exist. Pass a drafter folder (with the config.json and "
                                 "model.safetensors that save_pretrained writes) or a Hub repo id.")
 
