@@ -10,8 +10,7 @@ from pathlib import Path
 
 import torch
 
-from .cpu_kernels import (PackedLinears, cpu_description, fastest_exact_setting, native_bf16_matmuls,
-                          packed_linears_supported)
+from .cpu_kernels import (PackedLinears, cpu_description, fastest_exact_setting, packed_linears_supported)
 from .drafting import DraftOptions
 from .exact_attention import ExactAttention
 from .export import describe_drafter
@@ -436,7 +435,7 @@ def identity_verdict(identical: bool, dtype: str, exact_attention: bool = False)
 
 def exact_bf16_tip(dtype: str) -> str | None:
     """For a float32 run on a CPU with bf16 matmul instructions: the setting that is exact as well and faster there."""
-    if dtype != "float32" or not (native_bf16_matmuls() and packed_linears_supported()):
+    if dtype != "float32" or not packed_linears_supported():  # bf16 packing needs bf16 instructions
         return None
     return ("exact too and faster on this CPU: --dtype bfloat16 --packed-linears --exact-attention (a bf16 block "
             "costs about as much to verify as one token; see docs/generation.md, exact greedy decoding in bf16)")
