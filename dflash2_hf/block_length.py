@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
+from .cpu_kernels import cpu_description, linears_packed
 from .drafting import BlockDrafter, DraftOptions
 from .modeling import DFlashDraftModel
 
@@ -191,11 +192,13 @@ def cost_cache_folder() -> Path:
 
 
 def _cost_key(target: torch.nn.Module, drafter: DFlashDraftModel, block_size: int, longest_forward: int) -> str:
-    """Everything a cost measurement depends on: machine, thread count, torch, both models' configs and dtypes."""
+    """Everything a cost measurement depends on: machine, kernel limits and thread count (:func:`cpu_description`),
+    torch, both models' configs and dtypes, whether their linears run packed and which attention the target runs."""
     parts = [
-        platform.node(), platform.processor(), platform.machine(), str(os.cpu_count()), str(torch.get_num_threads()),
+        platform.node(), platform.processor(), platform.machine(), str(os.cpu_count()), cpu_description(),
         torch.__version__, str(target.device), str(target.dtype), str(drafter.dtype), str(block_size),
-        str(longest_forward),
+        str(longest_forward), f"packed {linears_packed(target)} {linears_packed(drafter)}",
+        str(target.config._attn_implementation),
         target.config.to_json_string(use_diff=False), drafter.config.to_json_string(use_diff=False),
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]

@@ -57,9 +57,13 @@ def _cpuinfo() -> tuple[str, frozenset[str]]:
 
 
 def native_bf16_matmuls() -> bool:
-    """Whether this CPU computes bf16 matmuls in hardware (AVX512-BF16 or AMX). Elsewhere oneDNN or PyTorch emulate
-    them with float32 arithmetic plus conversions, and a bf16 model verifies many rows no faster (often slower) than a
-    float32 one. ``False`` where the CPU's flags cannot be read."""
+    """Whether this CPU computes bf16 matmuls in hardware (AVX512-BF16 or AMX) and oneDNN may use them. Elsewhere
+    oneDNN or PyTorch emulate them with float32 arithmetic plus conversions, and a bf16 model verifies many rows no
+    faster (often slower) than a float32 one. ``False`` where the CPU's flags cannot be read, and where
+    ``ONEDNN_MAX_CPU_ISA`` holds oneDNN below its bf16 kernels (e.g. ``AVX2``)."""
+    limit = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    if limit and limit not in ("ALL", "DEFAULT") and not any(isa in limit for isa in ("BF16", "AMX", "AVX10")):
+        return False
     return bool({"avx512_bf16", "amx_bf16"} & _cpuinfo()[1])
 
 
@@ -118,6 +122,12 @@ def _mkl_linear(layer: nn.Linear, packed: torch.Tensor, hidden: torch.Tensor) ->
         return nn.functional.linear(hidden, layer.weight, layer.bias)
     flat = torch.ops.mkl._mkl_linear(hidden.reshape(rows, hidden.shape[-1]), packed, layer.weight, layer.bias, rows)
     return flat.reshape(*hidden.shape[:-1], flat.shape[-1])
+
+
+def linears_packed(model: nn.Module) -> bool:
+    """Whether the model's linear layers run on packed weights now (a :class:`PackedLinears` is enabled on it)."""
+    return any(getattr(vars(module).get("forward"), "func", None) in (_onednn_linear, _mkl_linear)
+               for module in model.modules() if isinstance(module, nn.Linear))
 
 
 class PackedLinears:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from dflash2_hf.block_length import CycleCost, cycle_cost_for, interpolate, measure_cycle_cost
+from dflash2_hf.cpu_kernels import PackedLinears
 from dflash2_hf.lattice import Lattice, path_confidences
 
 PROMPT = torch.tensor([[5, 17, 33, 2, 71, 8]])
@@ -128,6 +129,17 @@ def test_measured_cost_is_cached_per_machine_and_model_pair(target, drafter, tmp
     assert len(list(tmp_path.glob("*.json"))) == 1
     cycle_cost_for(target, drafter, 4, folder=tmp_path)
     assert len(list(tmp_path.glob("*.json"))) == 2, "another block size is another measurement"
+
+
+def test_packed_linears_and_kernel_limits_get_measurements_of_their_own(target, drafter, tmp_path, monkeypatch):
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    cycle_cost_for(target, drafter, 8, folder=tmp_path)
+    with PackedLinears(target, drafter):
+        cycle_cost_for(target, drafter, 8, folder=tmp_path)
+    assert len(list(tmp_path.glob("*.json"))) == 2, "packed weights verify at another cost"
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    cycle_cost_for(target, drafter, 8, folder=tmp_path)
+    assert len(list(tmp_path.glob("*.json"))) == 3, "kernels held to AVX2 run at another cost"
 
 
 def test_an_unreadable_cache_entry_is_measured_again(target, drafter, tmp_path):

@@ -127,11 +127,28 @@ def test_decoding_on_packed_float32_linears_gives_plain_decodings_tokens(tree_no
     ({"avx2"}, "float32", (True, False)),
 ])
 def test_the_fastest_exact_setting_follows_the_cpus_bf16_instructions(monkeypatch, flags, dtype, kernels):
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.setattr(cpu_kernels, "_cpuinfo", lambda: ("a CPU", frozenset(flags)))
     monkeypatch.setattr(cpu_kernels, "packed_linears_supported", lambda dtype=torch.bfloat16: True)
     setting = fastest_exact_setting()
     assert (setting.dtype, (setting.packed_linears, setting.exact_attention)) == (dtype, kernels)
     assert ("has no bf16 matmul instructions" in setting.reason) is (dtype == "float32")
+
+
+@pytest.mark.parametrize(("limit", "native"), [("AVX2", False), ("avx512_core", False), ("AVX512_CORE_AMX", True),
+                                               ("AVX512_CORE_BF16", True), ("ALL", True)])
+def test_bf16_counts_as_native_only_where_onednn_may_use_the_bf16_instructions(monkeypatch, limit, native):
+    monkeypatch.setattr(cpu_kernels, "_cpuinfo", lambda: ("a CPU", frozenset({"avx2", "avx512f", "amx_bf16"})))
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", limit)
+    assert cpu_kernels.native_bf16_matmuls() is native
+
+
+def test_linears_count_as_packed_only_while_packed_linears_are_enabled():
+    target = tiny_target(dtype=torch.float32)
+    assert not cpu_kernels.linears_packed(target)
+    with PackedLinears(target):
+        assert cpu_kernels.linears_packed(target)
+    assert not cpu_kernels.linears_packed(target)
 
 
 def test_the_cpu_is_described_by_model_name_the_flags_that_matter_and_any_isa_limit(monkeypatch):
