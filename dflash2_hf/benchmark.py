@@ -173,13 +173,20 @@ def oracle_acceptance(candidates: list[list[int]], truth: list[int]) -> int:
 
 
 class Benchmark:
-    """Runs every method on every prompt at every temperature, rotating the method order from prompt to prompt."""
+    """Runs every method on every prompt at every temperature, rotating the method order from prompt to prompt.
 
-    def __init__(self, target, methods: list[Method], max_new_tokens: int = 128, seed: int = 0):
+    Each method first decodes ``warmup_tokens`` tokens of the first prompt untimed, so that what happens once per
+    process (packing the linears, measuring and caching the cycle cost, a peer's start-up) is not timed as part of
+    the first prompt.
+    """
+
+    def __init__(self, target, methods: list[Method], max_new_tokens: int = 128, seed: int = 0,
+                 warmup_tokens: int = 4):
         self.target = target
         self.methods = methods
         self.max_new_tokens = max_new_tokens
         self.seed = seed
+        self.warmup_tokens = warmup_tokens
         self.runs: list[Run] = []
 
     def _one(self, method: Method, inputs: torch.Tensor, index: int, benchmark: str, temperature: float) -> Run:
@@ -197,6 +204,9 @@ class Benchmark:
         return run
 
     def run(self, prompts: list[tuple[str, torch.Tensor]], temperatures: list[float]) -> list[Run]:
+        if prompts and self.warmup_tokens > 0:
+            for method in tqdm(self.methods, desc="warm-up", unit="method"):
+                method.decode(self.target, prompts[0][1], self.warmup_tokens, temperatures[0], seed=self.seed)
         progress = tqdm(total=len(prompts) * len(temperatures) * len(self.methods), desc="benchmark", unit="run")
         for index, (benchmark, inputs) in enumerate(prompts):
             for temperature in temperatures:

@@ -6,7 +6,8 @@ import pytest
 import torch
 from conftest import tiny_drafter, tiny_target
 
-from dflash2_hf.benchmark import (Benchmark, Run, draft_recall, oracle_acceptance, standard_methods, summarize,
+from dflash2_hf import block_length
+from dflash2_hf.benchmark import (Benchmark, Method, Run, draft_recall, oracle_acceptance, standard_methods, summarize,
                                   write_report)
 from dflash2_hf.decoding import DraftRecord
 
@@ -165,3 +166,17 @@ def test_packed_linears_give_each_generate_method_a_packed_twin():
     assert [r.method for r in runs] == ["dflash2 greedy", "dflash2 greedy packed"]
     assert runs[0].acceptance_lengths == runs[1].acceptance_lengths, "the same tokens, cycle by cycle"
     assert not any("forward" in vars(layer) for layer in methods[1].linears.layers), "switched off after each call"
+
+
+def test_one_time_set_up_happens_in_the_warm_up_not_in_a_timed_run(target, drafter, tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH2_HF_CACHE", str(tmp_path))
+    benchmark = Benchmark(target, [Method("plain"), Method("cost-sized", {
+        "assistant_model": drafter, "dflash_path": "greedy", "dflash_adaptive_block": True})], max_new_tokens=8)
+    measured_after_runs = []
+    measure = block_length.measure_cycle_cost
+    monkeypatch.setattr(block_length, "measure_cycle_cost",
+                        lambda *args, **kwargs: measured_after_runs.append(len(benchmark.runs)) or measure(*args, **kwargs))
+    prompt = torch.randint(0, 90, (1, 10), generator=torch.Generator().manual_seed(0))
+    benchmark.run([("code", prompt), ("chat", prompt + 1)], [0.0])
+    assert measured_after_runs == [0], "the cost is measured once, before the first timed run"
+    assert len(benchmark.runs) == 4
