@@ -174,8 +174,12 @@ def test_one_time_set_up_happens_in_the_warm_up_not_in_a_timed_run(target, draft
         "assistant_model": drafter, "dflash_path": "greedy", "dflash_adaptive_block": True})], max_new_tokens=8)
     measured_after_runs = []
     measure = block_length.measure_cycle_cost
-    monkeypatch.setattr(block_length, "measure_cycle_cost",
-                        lambda *args, **kwargs: measured_after_runs.append(len(benchmark.runs)) or measure(*args, **kwargs))
+
+    def recording_measure(*args, **kwargs):
+        measured_after_runs.append(len(benchmark.runs))
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(block_length, "measure_cycle_cost", recording_measure)
     prompt = torch.randint(0, 90, (1, 10), generator=torch.Generator().manual_seed(0))
     benchmark.run([("code", prompt), ("chat", prompt + 1)], [0.0])
     assert measured_after_runs == [0], "the cost is measured once, before the first timed run"

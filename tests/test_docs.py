@@ -360,8 +360,15 @@ DOCUMENTED_COMMANDS = {
     "sharegpt --per-source 3 --dtype bfloat16 --out docs/results/xeon-avx512-bf16":
         "tests/test_cli.py::test_bench_packed_float32_linears_run_the_default_and_every_method_also_packed",
     "dflash2-hf bench --temperatures 0 --max-new-tokens 128 --threads 2 --paths greedy --prompts humaneval "
-    "--per-source 4 --dtype float32 --packed-linears --out docs/results/xeon-avx2-fp32":
+    "--per-source 6 --dtype float32 --packed-linears --out docs/results/xeon-avx2-fp32":
         "tests/test_cli.py::test_bench_packed_float32_linears_run_the_default_and_every_method_also_packed",
+    # docs/results.md: the current runs on a CPU with AMX (fp32 and bf16 packed twins, bf16 with the exact attention).
+    "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 3 --temperatures 0 --max-new-tokens 128 "
+    "--threads 2 --paths greedy --dtype float32 --packed-linears --out docs/results/xeon-amx-fp32":
+        "tests/test_cli.py::test_bench_packed_float32_linears_run_the_default_and_every_method_also_packed",
+    "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 3 --temperatures 0 --max-new-tokens 128 "
+    "--threads 2 --paths greedy --dtype bfloat16 --packed-linears --exact-attention --out docs/results/xeon-amx-bf16":
+        "tests/test_exact_attention.py::test_smollm2_bench_with_the_exact_attention_counts_every_greedy_method_identical",
     # docs/training.md: the Qwen2.5-Coder recipe, on the tiny target (a SmolLM2-vocabulary mask token) and a 3-prompt
     # chat file instead of ShareGPT's replies.
     "dflash2-hf data --target qwen2.5-coder-0.5b --out runs/qwen0.5b-data --limit 3000 --existing-responses "
