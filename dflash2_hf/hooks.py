@@ -29,6 +29,7 @@ from transformers.generation.utils import GENERATION_MODES_MAPPING, GenerationMi
 from .cpu_kernels import native_bf16_matmuls
 from .decoding import DFlashDecoder, check_generation_arguments
 from .drafting import DraftOptions
+from .grouped_attention import grouped_attention
 from .modeling import DFlashDraftModel
 from .tree_decoding import TreeDecoder
 
@@ -117,11 +118,12 @@ def _wrap_assisted_decoding(original):
         check_generation_arguments(generation_config, input_ids, getattr(self.config.get_text_config(), "max_position_embeddings", None))
         options = DraftOptions.for_drafter(drafter, target=self, **kwargs.get("dflash_options", {}))
         decoder_class = TreeDecoder if options.tree_nodes else DFlashDecoder
-        decoder = decoder_class(
-            self, drafter, options, generation_config, logits_processor, stopping_criteria,
-            kwargs.get("streamer"), kwargs["cache"],
-        )
-        sequence = decoder.run(input_ids)
+        with grouped_attention(self):  # verification forwards share the key/value heads instead of copying them
+            decoder = decoder_class(
+                self, drafter, options, generation_config, logits_processor, stopping_criteria,
+                kwargs.get("streamer"), kwargs["cache"],
+            )
+            sequence = decoder.run(input_ids)
         drafter.last_generation_stats = decoder.stats
         return decoder.output(sequence, input_ids.shape[1], bool(generation_config.return_dict_in_generate))
 
