@@ -139,6 +139,7 @@ class Run:
     select_seconds: float = 0.0
     verify_seconds: float = 0.0
     plain_steps: int = 0  # one-token steps where the fallback found drafting slower than plain decoding
+    lookup_cycles: int = 0  # cycles among the fallback's steps that verified copied tokens alone
     recall: dict = field(default_factory=dict)
     token_ids: list[int] = field(default_factory=list)  # the new tokens, to compare greedy runs with plain decoding
 
@@ -200,6 +201,7 @@ class Benchmark:
             run.verified_lengths = list(stats.verified_lengths)
             run.draft_seconds, run.select_seconds, run.verify_seconds = stats.draft_seconds, stats.select_seconds, stats.verify_seconds
             run.plain_steps = stats.plain_steps
+            run.lookup_cycles = stats.lookup_cycles
             run.recall = draft_recall(stats.drafts or [], output[0].tolist())
         return run
 

@@ -500,7 +500,8 @@ def generate(args: argparse.Namespace) -> None:
             else "adaptive block" if options.adaptive_block else f"one path of {options.block_size - 1}")
     mode += f" + lookup of {options.lookup_tokens}" if options.lookup_tokens else ""
     if options.plain_fallback:
-        mode += f"; {stats.plain_steps} plain steps where drafting did not pay"
+        mode += (f"; {stats.plain_steps} plain steps and {stats.lookup_cycles} copies from the context verified "
+                 "alone where drafting did not pay")
     print(f"\n--- dflash2 ({stats.path}, {mode}): {new_tokens} tokens, {new_tokens / ours_seconds:.1f} tok/s, "
           f"mean acceptance length {stats.mean_acceptance_length:.2f}")
     if args.no_baseline:

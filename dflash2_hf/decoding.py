@@ -47,7 +47,8 @@ class DFlashStats:
     prefill, is not part of any cycle. ``verified_lengths[c]`` counts the drafted tokens cycle ``c`` sent to the
     target (fewer than ``block_size - 1`` when the adaptive block length cut the path, or near ``max_new_tokens``).
     ``plain_steps`` counts the one-token steps taken where drafting did not pay (``dflash_plain_fallback``); they are
-    not cycles.
+    not cycles. ``lookup_cycles`` counts the cycles among them that verified tokens copied from the context alone,
+    with no draft (taken instead of a plain step where the copy is priced to pay).
     """
 
     path: str
@@ -59,6 +60,7 @@ class DFlashStats:
     select_seconds: float = 0.0
     verify_seconds: float = 0.0
     plain_steps: int = 0
+    lookup_cycles: int = 0
     drafts: list[DraftRecord] | None = None
 
     @property
@@ -221,9 +223,11 @@ class DFlashDecoder:
                     self.guard.record_cycle(self.stats.acceptance_lengths[-1], self.stats.verified_lengths[-1],
                                             time.perf_counter() - tick)
             else:
-                guess = self._foreseen_token(sequence)
+                guess, length, cycles = self._foreseen_token(sequence), sequence.shape[1], self.stats.cycles
                 sequence, stopped, context = self._plain_step(sequence, context)
-                self.guard.record_plain(time.perf_counter() - tick, foreseen=guess == int(sequence[0, -1]))
+                verified = self.stats.verified_lengths[-1] if self.stats.cycles > cycles else 0
+                self.guard.record_plain(time.perf_counter() - tick, foreseen=guess == int(sequence[0, length]),
+                                        tokens=sequence.shape[1] - length, verified=verified)
         if self.streamer is not None:
             self.streamer.end()
         return sequence

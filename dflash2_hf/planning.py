@@ -55,7 +55,7 @@ class DraftingGuard:
         self.replain_every, self.foreseen_to_probe = replain_every, foreseen_to_probe
         self.prices = prices
         self._drafted: deque[tuple[int, float]] = deque(maxlen=window)  # (tokens, seconds) per drafting cycle
-        self._plain: deque[float] = deque(maxlen=window)  # seconds per plain step
+        self._plain: deque[tuple[int, float]] = deque(maxlen=window)  # (tokens, seconds) per step without drafting
         self._pause = first_pause
         self._plain_left = 0  # plain steps still to take before the next probe
         self._since_plain = 0  # drafting cycles since the last plain step
@@ -69,9 +69,9 @@ class DraftingGuard:
 
     @property
     def plain_rate(self) -> float | None:
-        """Tokens per second of the latest plain steps (``None`` before one was timed)."""
-        seconds = sum(self._plain)
-        return len(self._plain) / seconds if self._plain and seconds > 0 else None
+        """Tokens per second of the latest steps without drafting (``None`` before one was timed)."""
+        seconds = sum(s for _, s in self._plain)
+        return sum(t for t, _ in self._plain) / seconds if self._plain and seconds > 0 else None
 
     def drafts_next(self) -> bool:
         """Whether the next step is a drafting cycle (else a plain one-token step)."""
@@ -89,9 +89,13 @@ class DraftingGuard:
         self._since_plain += 1
         self._judge()
 
-    def record_plain(self, seconds: float, foreseen: bool = False) -> None:
-        """A plain step took ``seconds``; ``foreseen``: it emitted the token the context lookup had guessed."""
-        self._plain.append(seconds if self.prices is None else self.prices.verify_seconds[0])
+    def record_plain(self, seconds: float, foreseen: bool = False, tokens: int = 1, verified: int = 0) -> None:
+        """A step without drafting took ``seconds`` and emitted ``tokens``: a plain step, or a cycle that verified
+        ``verified`` tokens copied from the context; ``foreseen``: its first token is the one the context lookup had
+        guessed."""
+        if self.prices is not None:
+            seconds = self.prices.verify_seconds[min(verified, len(self.prices.verify_seconds) - 1)]
+        self._plain.append((tokens, seconds))
         self._since_plain = 0
         self._foreseen = self._foreseen + 1 if foreseen else 0
         if self._plain_left > 0:  # in a pause: its last step, or a run of foreseen tokens, starts the probe

@@ -411,7 +411,7 @@ def test_generate_streams_the_answer_and_matches_plain_decoding(target, trained)
                               "bfloat16 to choose yourself)\n")
     # the tiny drafter sets no default tree; the fallback to plain steps is on by default
     assert "--- dflash2 (greedy, one path of 3; " in printed
-    assert " plain steps where drafting did not pay): 8 tokens" in printed
+    assert " copies from the context verified alone where drafting did not pay): 8 tokens" in printed
     assert "--- plain decoding: 8 tokens" in printed
     assert "--- identical to plain decoding: yes" in printed
     assert "--- exact too and faster on this CPU" not in printed, "the chosen setting is this CPU's fastest exact one"

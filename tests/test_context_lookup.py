@@ -5,7 +5,8 @@ import pytest
 import torch
 from conftest import tiny_drafter
 
-from dflash2_hf.context_lookup import lookup_continuation
+from dflash2_hf.block_length import CycleCost
+from dflash2_hf.context_lookup import LookupOdds, lookup_continuation, lookup_match
 from dflash2_hf.tree import ROOT, DraftTree
 from dflash2_hf.verification import verify_tree_greedy
 
@@ -81,6 +82,33 @@ def two_paths() -> DraftTree:
     return tree
 
 
+def test_the_match_comes_with_the_length_of_the_suffix_it_matched():
+    assert lookup_match([7, 1, 2, 3, 4, 9, 1, 2], length=3) == ([3, 4, 9], 2)
+    assert lookup_match([7, 1, 2, 3, 4, 9, 5, 2], length=3) == ([3, 4, 9], 1)
+    assert lookup_match([1, 2, 3, 4], length=3) == ([], 0)
+
+
+def test_longer_matches_start_with_better_odds_and_a_copied_token_is_worth_less_the_later_it_comes():
+    odds = LookupOdds()
+    chances = [odds.chance(matched) for matched in range(1, 7)]
+    assert chances == sorted(chances) and chances[0] < 0.5 < chances[-1]
+    assert odds.chance(0) == 0.0 and odds.gains(0, 3) == [0.0, 0.0, 0.0]
+    chance = odds.chance(2)
+    assert odds.gains(2, 3) == pytest.approx([chance, chance**2, chance**3])
+
+
+def test_the_odds_follow_what_verification_accepted():
+    odds = LookupOdds()
+    start = odds.chance(3)
+    for _ in range(20):
+        odds.record(3, offered=8, accepted=0)  # every copy after a 3-token match rejected at once
+    assert odds.chance(3) < 0.2 < start
+    for _ in range(20):
+        odds.record(1, offered=8, accepted=8)  # every copy after a 1-token match accepted whole
+    assert odds.chance(1) > 0.9
+    assert odds.chance(5) == odds.chance(9), "five tokens or more share one estimate"
+
+
 def test_a_lookup_branch_reuses_drafted_nodes_and_stays_out_of_the_draws():
     tree = two_paths()
     tree.add_lookup_path([10, 12, 13])
@@ -122,9 +150,9 @@ def test_max_matching_ngram_size_sets_the_longest_suffix_the_lookup_matches(targ
 
     def recording_lookup(tokens, length, max_ngram):
         sizes.append(max_ngram)
-        return lookup_continuation(tokens, length, max_ngram)
+        return lookup_match(tokens, length, max_ngram)
 
-    monkeypatch.setattr(tree_decoding, "lookup_continuation", recording_lookup)
+    monkeypatch.setattr(tree_decoding, "lookup_match", recording_lookup)
     plain = target.generate(PROMPT, max_new_tokens=30, do_sample=False)
     for setting, expected in ((None, 8), (2, 2)):
         sizes.clear()
@@ -148,3 +176,29 @@ def test_the_drafter_config_can_add_a_lookup_branch_to_its_trees(target):
     assert max(drafter.last_generation_stats.verified_lengths) == 12
     target.generate(PROMPT, max_new_tokens=60, do_sample=False, assistant_model=drafter, dflash_tree_nodes=0)
     assert max(drafter.last_generation_stats.verified_lengths) == 7, "one path: the config's lookup does not apply"
+
+
+# Drafting costs ten forwards and rows cost nothing: steps without drafting copy from the context where it matches.
+COPYING_PAYS = CycleCost(fixed_seconds=10.0, verify_seconds=(1.0,) * 16)
+# Drafting costs as much, and every row costs a whole forward: copying does not pay either.
+ROWS_COST_FORWARDS = CycleCost(fixed_seconds=10.0, verify_seconds=tuple(1.0 + m for m in range(16)))
+
+
+def test_steps_without_drafting_verify_copied_tokens_where_rows_are_cheap(target, drafter):
+    plain = target.generate(PROMPT, max_new_tokens=60, do_sample=False)
+    ours = target.generate(PROMPT, max_new_tokens=60, do_sample=False, assistant_model=drafter, dflash_tree_nodes=4,
+                           dflash_lookup_tokens=8, dflash_plain_fallback=COPYING_PAYS,
+                           dflash_adaptive_block=COPYING_PAYS)
+    stats = drafter.last_generation_stats
+    assert torch.equal(ours, plain)
+    assert stats.lookup_cycles > 0
+    assert stats.new_tokens == ours.shape[1] - PROMPT.shape[1]
+
+
+def test_steps_without_drafting_stay_plain_where_rows_cost_a_forward(target, drafter):
+    ours = target.generate(PROMPT, max_new_tokens=60, do_sample=False, assistant_model=drafter, dflash_tree_nodes=4,
+                           dflash_lookup_tokens=8, dflash_plain_fallback=ROWS_COST_FORWARDS,
+                           dflash_adaptive_block=ROWS_COST_FORWARDS)
+    stats = drafter.last_generation_stats
+    assert torch.equal(ours, target.generate(PROMPT, max_new_tokens=60, do_sample=False))
+    assert stats.lookup_cycles == 0 and stats.plain_steps > stats.cycles

@@ -14,7 +14,9 @@ Cost-aware block length (verifying only a prefix of each drafted path), token tr
 verified at once by recursive rejection sampling) and their context-lookup branches keep the distribution exact;
 their negative controls (a cut that looks at the sampled tokens themselves; multi-draft rejection without residual
 updates; a rejected guess that leaves no residual) are rejected. So do generations that mix drafting cycles with the
-plain steps of the fallback to plain decoding; their control (plain steps that take the likeliest token) is rejected.
+plain steps of the fallback to plain decoding; their control (plain steps that take the likeliest token) is rejected;
+and the fallback's lookup cycles (copied tokens verified alone, without a draft), whose control is the lookup
+branches' one.
 """
 
 import functools
@@ -287,3 +289,30 @@ def test_plain_steps_mixed_with_drafting_keep_sampling_exact(models, monkeypatch
     greedy_plain_steps(monkeypatch)
     control, _ = sample_with_drafter(target, drafter, settings, **options)
     assert goodness_of_fit(control, exact) < 1e-6, "plain steps that do not sample bias the output"
+
+
+# Rows cost nothing, so a step without drafting verifies the copied tokens alone (a lookup cycle) wherever the
+# context has a match; the guard never drafts, so these steps make each whole generation.
+COPYING_COST = CycleCost(fixed_seconds=10.0, verify_seconds=(1.0,) * 8)
+
+
+class NeverDrafting(DraftingGuard):
+    def drafts_next(self) -> bool:
+        return False
+
+
+def test_lookup_cycles_keep_sampling_exact(models, monkeypatch):
+    target, drafter = models
+    settings = SETTINGS["temperature 1.3, top-p 0.8, repetition penalty 1.5"]
+    exact = exact_distribution(target, settings)
+    monkeypatch.setattr(decoding, "DraftingGuard", NeverDrafting)
+    options = dict(dflash_tree_nodes=4, dflash_lookup_tokens=2, dflash_plain_fallback=COPYING_COST,
+                   dflash_adaptive_block=COPYING_COST)
+
+    draws, lookup_cycles = sample_with_drafter(target, drafter, settings, **options, statistic="lookup_cycles")
+    assert sum(lookup_cycles) > SAMPLES, "steps without drafting verified copied tokens"
+    assert goodness_of_fit(draws, exact) > 1e-3
+
+    monkeypatch.setattr(tree_decoding, "verify_tree_sampled", ignore_the_rejected_guess)
+    control, _ = sample_with_drafter(target, drafter, settings, **options)
+    assert goodness_of_fit(control, exact) < 1e-6, "a rejected guess must leave the residual, or the output is biased"
