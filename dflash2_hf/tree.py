@@ -142,46 +142,15 @@ def likeliest_tree(lattice: Lattice, nodes: int) -> DraftTree:
     return tree
 
 
-class TreeCalibration:
-    """How far the drafter's branch probabilities overstate (or understate) what verification accepts, measured while
-    generating: the tokens accepted from likeliest-tree nodes over the branch probabilities those nodes were verified
-    with, starting from an even ratio worth ``prior`` tokens. A drafter that is sure of more than the target grants
-    (the shipped SmolLM2 drafter predicts ~1.5 tokens per 4-node tree where ~0.8 are accepted) would otherwise size
-    its trees too wide for what they bring. Read from verified outcomes only, so sizing with it keeps decoding
-    exact."""
-
-    def __init__(self, prior: float = 2.0):
-        self.accepted = self.predicted = prior
-
-    @property
-    def scale(self) -> float:
-        """Accepted tokens per predicted token so far."""
-        return self.accepted / self.predicted
-
-    def gains(self, branch_probabilities: list[float]) -> list[float]:
-        """The branch probabilities scaled to what verification has been accepting (at most 1 each; the order,
-        best first, is kept)."""
-        return [min(1.0, probability * self.scale) for probability in branch_probabilities]
-
-    def record(self, branch_probabilities: list[float], accepted: int) -> None:
-        """A tree whose drafted nodes had these branch probabilities had ``accepted`` of them accepted."""
-        self.predicted += sum(branch_probabilities)
-        self.accepted += accepted
-
-
-def worthwhile_tree_size(lattice: Lattice, nodes: int, cost, lookup_gains: list[float] = (),
-                         calibration: TreeCalibration | None = None) -> tuple[int, int]:
+def worthwhile_tree_size(lattice: Lattice, nodes: int, cost, lookup_gains: list[float] = ()) -> tuple[int, int]:
     """How many drafted tokens (0 .. ``nodes``) a tree should hold, and how many of the copied tokens whose expected
     gains are ``lookup_gains`` (:class:`~dflash2_hf.context_lookup.LookupOdds`) its lookup branch, under a cycle
     ``cost`` (:meth:`~dflash2_hf.block_length.CycleCost.worthwhile_size`). The likeliest tree's branch probabilities
-    (scaled by ``calibration`` when given) and the lookup gains both come best-first, so their merged order is the
-    best-first order of every token the forward could hold; the most profitable prefix of it is split back into the
-    two.
+    and the lookup gains both come best-first, so their merged order is the best-first order of every token the
+    forward could hold; the most profitable prefix of it is split back into the two.
 
     It reads the lattice and the past outcomes only, never a drawn token, so sizing keeps sampling exact."""
     tree_gains = likeliest_tree(lattice, nodes).branch_probabilities
-    if calibration is not None:
-        tree_gains = calibration.gains(tree_gains)
     merged = sorted([(gain, True) for gain in tree_gains] + [(gain, False) for gain in lookup_gains],
                     key=lambda item: -item[0])
     size = cost.worthwhile_size([gain for gain, _ in merged])

@@ -19,7 +19,7 @@ from .block_length import CycleCost
 from .context_lookup import DEFAULT_MAX_NGRAM, LookupOdds, lookup_continuation, lookup_match
 from .decoding import DFlashDecoder, DraftRecord
 from .lattice import PathStrategy
-from .tree import (ROOT, DraftTree, TreeCalibration, check_tree_cache, keep_branch, likeliest_tree, sampled_tree,
+from .tree import (ROOT, DraftTree, check_tree_cache, keep_branch, likeliest_tree, sampled_tree,
                    worthwhile_tree_size)
 from .verification import TreeVerdict, greedy_choices, verify_tree_greedy, verify_tree_sampled
 
@@ -60,7 +60,6 @@ class TreeDecoder(DFlashDecoder):
         # the longest suffix the context lookup matches: transformers' prompt-lookup setting, when given
         self.lookup_ngram = generation_config.max_matching_ngram_size or DEFAULT_MAX_NGRAM
         self.lookup_odds = LookupOdds()
-        self.calibration = TreeCalibration()  # greedy trees only: sampled trees carry no branch probabilities
         # Steps without drafting may verify a copied branch alone, priced at the forward's cost with no draft.
         self.lookup_cost = None
         if self.guard is not None and options.lookup_tokens and isinstance(self.block_cutter, CycleCost):
@@ -88,8 +87,6 @@ class TreeDecoder(DFlashDecoder):
                 tree, lookup = self._grow_tree(lattice, sequence)
             self.stats.select_seconds += time.perf_counter() - tick
         sequence, stopped, context, verdict = self._check(sequence, tree, lookup)
-        drafted = len(tree.branch_probabilities)  # the likeliest tree's nodes come first, the lookup's after them
-        self.calibration.record(tree.branch_probabilities, sum(node < drafted for node in verdict.nodes))
         if self.stats.drafts is not None and lattice is not None:
             self.stats.drafts.append(DraftRecord(anchor_position, lattice.candidate_ids[0].cpu(), verdict.emitted[:-1]))
         return sequence, stopped, context
@@ -150,8 +147,7 @@ class TreeDecoder(DFlashDecoder):
         nodes = self.options.tree_nodes
         if self.block_cutter is not None:
             gains = self.lookup_odds.gains(lookup.matched, len(lookup.tokens))
-            nodes, copied = worthwhile_tree_size(lattice, nodes, self.block_cutter, lookup_gains=gains,
-                                                 calibration=self.calibration)
+            nodes, copied = worthwhile_tree_size(lattice, nodes, self.block_cutter, lookup_gains=gains)
             lookup.keep(copied)
         tree = sampled_tree(lattice, nodes, self.temperature) if self.do_sample else likeliest_tree(lattice, nodes)
         tree.add_lookup_path(lookup.tokens)

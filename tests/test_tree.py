@@ -7,8 +7,7 @@ from transformers import DynamicCache
 
 from dflash2_hf.block_length import CycleCost
 from dflash2_hf.lattice import Lattice
-from dflash2_hf.tree import (ROOT, DraftTree, TreeCalibration, keep_branch, likeliest_tree, sampled_tree,
-                            worthwhile_tree_size)
+from dflash2_hf.tree import ROOT, DraftTree, keep_branch, likeliest_tree, sampled_tree, worthwhile_tree_size
 from dflash2_hf.verification import verify_tree_greedy
 
 PROMPT = torch.tensor([[5, 17, 33, 2, 71, 8]])
@@ -126,27 +125,6 @@ def test_copied_tokens_and_tree_nodes_are_sized_together_best_first():
     assert worthwhile_tree_size(lattice, 6, steep, lookup_gains=[0.9, 0.81, 0.73]) == (0, 3)
     assert worthwhile_tree_size(lattice, 6, steep, lookup_gains=[0.1, 0.01]) == (2, 0)
     assert worthwhile_tree_size(lattice, 6, steep, lookup_gains=[0.6, 0.36]) == (2, 1)
-
-
-def test_the_calibration_scales_branch_probabilities_to_what_verification_accepted():
-    calibration = TreeCalibration()
-    assert calibration.scale == 1.0
-    for _ in range(10):
-        calibration.record([0.5, 0.5, 0.25, 0.25], accepted=0)  # predicted 1.5 tokens a tree, none accepted
-    assert calibration.scale < 0.2
-    assert calibration.gains([0.5, 0.25]) == [0.5 * calibration.scale, 0.25 * calibration.scale]
-    for _ in range(40):
-        calibration.record([0.5], accepted=1)  # an under-confident drafter: scaled up, to 1 at most
-    assert calibration.scale > 1 and calibration.gains([0.9, 0.5]) == [1.0, min(1.0, 0.5 * calibration.scale)]
-
-
-def test_an_over_confident_drafter_gets_smaller_trees():
-    lattice = Lattice(torch.tensor([1]), torch.tensor([[[5, 6], [7, 8]]]), torch.zeros(1, 2, 2), None)
-    steep = steep_cost(7)
-    sceptical = TreeCalibration()
-    sceptical.record([1.0] * 8, accepted=0)
-    assert worthwhile_tree_size(lattice, 6, steep) == (2, 0)
-    assert worthwhile_tree_size(lattice, 6, steep, calibration=sceptical) == (0, 0)
 
 
 def test_a_tree_sized_to_no_nodes_is_empty_in_both_modes():
