@@ -25,6 +25,9 @@ from .verification import TreeVerdict, greedy_choices, verify_tree_greedy, verif
 
 
 FORESIGHT_NGRAM = 3  # the shortest suffix match whose guess may end a plain-decoding pause
+# The shortest suffix match whose copy a step without drafting verifies: after a one-token match a copied token is
+# right about one time in five, too close to break-even for a cost model measured at another context length.
+LOOKUP_CYCLE_NGRAM = 2
 
 
 @dataclass
@@ -96,6 +99,8 @@ class TreeDecoder(DFlashDecoder):
         cost and the lookup's odds say they pay for their rows (a lookup cycle), else a plain one-token step."""
         if self.lookup_cost is not None:
             lookup = self._copied_branch(sequence)
+            if lookup.matched < LOOKUP_CYCLE_NGRAM:
+                lookup.keep(0)
             lookup.keep(self.lookup_cost.worthwhile_size(self.lookup_odds.gains(lookup.matched, len(lookup.tokens))))
             if lookup.tokens:
                 tree = DraftTree()

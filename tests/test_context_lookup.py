@@ -202,3 +202,16 @@ def test_steps_without_drafting_stay_plain_where_rows_cost_a_forward(target, dra
     stats = drafter.last_generation_stats
     assert torch.equal(ours, target.generate(PROMPT, max_new_tokens=60, do_sample=False))
     assert stats.lookup_cycles == 0 and stats.plain_steps > stats.cycles
+
+
+@pytest.mark.parametrize("matched,copies", [(1, False), (2, True)])
+def test_a_step_without_drafting_copies_only_after_a_match_of_two_tokens_or_more(target, drafter, monkeypatch,
+                                                                                 matched, copies):
+    import dflash2_hf.tree_decoding as tree_decoding
+
+    monkeypatch.setattr(tree_decoding, "lookup_match", lambda tokens, length, max_ngram: (tokens[len(tokens) - length:], matched))
+    ours = target.generate(PROMPT, max_new_tokens=30, do_sample=False, assistant_model=drafter, dflash_tree_nodes=4,
+                           dflash_lookup_tokens=4, dflash_plain_fallback=COPYING_PAYS,
+                           dflash_adaptive_block=COPYING_PAYS)
+    assert torch.equal(ours, target.generate(PROMPT, max_new_tokens=30, do_sample=False))
+    assert (drafter.last_generation_stats.lookup_cycles > 0) == copies
