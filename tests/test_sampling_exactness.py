@@ -310,7 +310,7 @@ def test_lookup_cycles_keep_sampling_exact(models, monkeypatch):
                    dflash_adaptive_block=COPYING_COST)
 
     draws, lookup_cycles = sample_with_drafter(target, drafter, settings, **options, statistic="lookup_cycles")
-    assert sum(lookup_cycles) > SAMPLES, "steps without drafting verified copied tokens"
+    assert sum(lookup_cycles) > SAMPLES / 4, "steps without drafting verified copied tokens"
     assert goodness_of_fit(draws, exact) > 1e-3
 
     monkeypatch.setattr(tree_decoding, "verify_tree_sampled", ignore_the_rejected_guess)
