@@ -359,8 +359,8 @@ DOCUMENTED_COMMANDS = {
     "dflash2-hf bench --temperatures 0 --max-new-tokens 128 --threads 2 --paths greedy --prompts humaneval mtbench "
     "sharegpt --per-source 3 --dtype bfloat16 --out docs/results/xeon-avx512-bf16":
         "tests/test_cli.py::test_bench_packed_float32_linears_run_the_default_and_every_method_also_packed",
-    "dflash2-hf bench --temperatures 0 --max-new-tokens 128 --threads 2 --paths greedy --prompts humaneval "
-    "--per-source 6 --dtype float32 --packed-linears --out docs/results/xeon-avx2-fp32":
+    "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 6 --temperatures 0 --max-new-tokens 128 "
+    "--threads 2 --paths greedy --dtype float32 --packed-linears --out docs/results/xeon-avx2-fp32":
         "tests/test_cli.py::test_bench_packed_float32_linears_run_the_default_and_every_method_also_packed",
     # docs/results.md: the current runs on a CPU with AMX (fp32 and bf16 packed twins, bf16 with the exact attention).
     "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 3 --temperatures 0 --max-new-tokens 128 "
