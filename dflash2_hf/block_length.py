@@ -79,11 +79,10 @@ class CycleCost:
         chance that token ``i + 1`` is accepted given the ones before it."""
         return self.worthwhile_size(list(itertools.accumulate((float(c) for c in confidences), operator.mul)))
 
-    def worthwhile_size(self, gains: Sequence[float], also_verified: int = 0) -> int:
+    def worthwhile_size(self, gains: Sequence[float]) -> int:
         """How many of the candidate drafted tokens to verify (0 .. ``len(gains)``), taken in order; ``gains[i]`` is
         the expected number of extra accepted tokens that verifying token ``i + 1`` brings (a path's survival
-        probability up to it, a tree node's branch probability), non-increasing. ``also_verified`` tokens go into
-        the same forward whatever the size (a tree's context-lookup branch): every size is priced with them.
+        probability up to it, a tree node's branch probability, a copied token's odds), non-increasing.
 
         Tokens are added while the expected emitted tokens per second does not drop. A size is priced at the
         cheapest forward over at least that many tokens: when a longer forward costs less (CPU kernels switch at some
@@ -93,16 +92,14 @@ class CycleCost:
         expected, size = 1.0, 0
         for drafted, gain in enumerate(gains, start=1):
             longer = expected + float(gain)
-            if (longer / self._cheapest(drafted, available, also_verified)[1]
-                    < expected / self._cheapest(drafted - 1, available, also_verified)[1]):
+            if longer / self._cheapest(drafted, available)[1] < expected / self._cheapest(drafted - 1, available)[1]:
                 break
             expected, size = longer, drafted
-        return self._cheapest(size, available, also_verified)[0]
+        return self._cheapest(size, available)[0]
 
-    def _cheapest(self, at_least: int, at_most: int, also_verified: int = 0) -> tuple[int, float]:
-        """The drafted-token count in ``at_least .. at_most`` whose cycle (with ``also_verified`` more tokens) is
-        cheapest (the longest among equals)."""
-        seconds, longest = min((self.cycle_seconds(n + also_verified), -n) for n in range(at_least, at_most + 1))
+    def _cheapest(self, at_least: int, at_most: int) -> tuple[int, float]:
+        """The drafted-token count in ``at_least .. at_most`` whose cycle is cheapest (the longest among equals)."""
+        seconds, longest = min((self.cycle_seconds(n), -n) for n in range(at_least, at_most + 1))
         return -longest, seconds
 
     def to_json(self) -> dict:

@@ -38,13 +38,11 @@ def test_a_tree_grows_by_branch_probabilities_while_each_node_pays_for_itself():
         "a path's gains are its survival probabilities"
 
 
-def test_tokens_verified_alongside_are_priced_into_every_size():
-    # rows are cheap up to 4, then each costs a whole forward more. Alone: 0 nodes 1/1.0; 1: 1.9/1.1; 2: 2.7/1.2;
-    # 3: 3.0/1.3 -> three nodes. Next to 3 lookup tokens: 0 nodes 1/1.3 = 0.77; 1: 1.9/2.3 = 0.83; 2: 2.7/3.3 = 0.82
-    # -> one node
+def test_a_size_stops_where_the_next_token_no_longer_pays_for_its_row():
+    # rows are cheap up to 4, then each costs a whole forward more: 0 tokens 1/1.0; 1: 1.9/1.1; 2: 2.7/1.2;
+    # 3: 3.0/1.3; 4: 3.1/2.3 -> three tokens
     cost = CycleCost(fixed_seconds=0.0, verify_seconds=(1.0, 1.1, 1.2, 1.3, 2.3, 3.3, 4.3))
-    assert cost.worthwhile_size([0.9, 0.8, 0.3]) == 3
-    assert cost.worthwhile_size([0.9, 0.8, 0.3], also_verified=3) == 1
+    assert cost.worthwhile_size([0.9, 0.8, 0.3, 0.1]) == 3
 
 
 def test_interpolation_is_linear_between_and_beyond_the_measured_lengths():
