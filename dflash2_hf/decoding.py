@@ -47,8 +47,9 @@ class DFlashStats:
     prefill, is not part of any cycle. ``verified_lengths[c]`` counts the drafted tokens cycle ``c`` sent to the
     target (fewer than ``block_size - 1`` when the adaptive block length cut the path, or near ``max_new_tokens``).
     ``plain_steps`` counts the one-token steps taken where drafting did not pay (``dflash_plain_fallback``); they are
-    not cycles. ``lookup_cycles`` counts the cycles among them that verified tokens copied from the context alone,
-    with no draft (taken instead of a plain step where the copy is priced to pay).
+    not cycles. ``lookup_cycles`` counts the cycles that verified tokens copied from the context alone, with no draft
+    (taken instead of a plain step where the copy is priced to pay); they are in the per-cycle lists, not in
+    ``plain_steps``.
     """
 
     path: str

@@ -57,8 +57,7 @@ def grouped_sdpa_attention(
                                       is_causal=is_causal, **kwargs)
     mask = attention_mask[:, :, :, : key.shape[-2]]
     output = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, dropout_p=dropout if module.training else 0.0, scale=scaling,
-        enable_gqa=True,
+        query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=True
     )
     return output.transpose(1, 2).contiguous(), None
 

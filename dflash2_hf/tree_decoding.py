@@ -97,10 +97,8 @@ class TreeDecoder(DFlashDecoder):
     def _plain_step(self, sequence: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, bool, torch.Tensor]:
         """A step without drafting: the tokens copied from the context alone, verified with the anchor where the cycle
         cost and the lookup's odds say they pay for their rows (a lookup cycle), else a plain one-token step."""
-        if self.lookup_cost is not None:
-            lookup = self._copied_branch(sequence)
-            if lookup.matched < LOOKUP_CYCLE_NGRAM:
-                lookup.keep(0)
+        lookup = self._copied_branch(sequence) if self.lookup_cost is not None else CopiedBranch()
+        if lookup.matched >= LOOKUP_CYCLE_NGRAM:
             lookup.keep(self.lookup_cost.worthwhile_size(self.lookup_odds.gains(lookup.matched, len(lookup.tokens))))
             if lookup.tokens:
                 tree = DraftTree()
