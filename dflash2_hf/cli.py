@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from .cpu_kernels import (PackedLinears, cpu_description, fastest_exact_setting, packed_linears_supported)
+from .cpu_kernels import (PackedLinears, bf16_rows_independent, cpu_description, exact_bf16_supported,
+                          fastest_exact_setting, packed_linears_supported)
 from .drafting import DraftOptions
 from .exact_attention import ExactAttention
 from .export import describe_drafter
@@ -423,19 +424,23 @@ def check_bench_arguments(args: argparse.Namespace) -> None:
 
 
 def identity_verdict(identical: bool, dtype: str, exact_attention: bool = False) -> str:
-    """``yes`` or ``NO``; a bf16 difference is explained, since only fp32 (or bf16 with the exact attention)
-    promises identical greedy output."""
+    """``yes`` or ``NO``; a bf16 difference is explained, since only fp32 (or bf16 with the exact attention, on a
+    CPU whose bf16 blocks round as single rows do) promises identical greedy output."""
     if identical:
         return "yes"
     if dtype == "bfloat16" and not exact_attention:
         return ("no (bf16 promises no identity: a many-token verification can round differently from one-token "
                 "steps; --dtype float32, or --exact-attention, is the exact setting)")
+    if dtype == "bfloat16" and not bf16_rows_independent():
+        return ("no (this CPU's bf16 matmuls round a many-token block differently from one-token steps, which the "
+                "float64 attention cannot change; --dtype float32 is the exact setting here)")
     return "NO"
 
 
 def exact_bf16_tip(dtype: str) -> str | None:
-    """For a float32 run on a CPU with bf16 matmul instructions: the setting that is exact as well and faster there."""
-    if dtype != "float32" or not packed_linears_supported():  # bf16 packing needs bf16 instructions
+    """For a float32 run on a CPU where bf16 decoding is exact too (:func:`~dflash2_hf.cpu_kernels.exact_bf16_supported`):
+    the bf16 setting, faster there."""
+    if dtype != "float32" or not exact_bf16_supported():
         return None
     return ("exact too and faster on this CPU: --dtype bfloat16 --packed-linears --exact-attention (a bf16 block "
             "costs about as much to verify as one token; see docs/generation.md, exact greedy decoding in bf16)")

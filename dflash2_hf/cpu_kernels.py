@@ -36,8 +36,8 @@ PACKED_DTYPES = (torch.bfloat16, torch.float32)
 
 def packed_linears_supported(dtype: torch.dtype = torch.bfloat16) -> bool:
     """Whether linears of this dtype can be packed here: bf16 needs a CPU with bf16 matmul instructions (AVX512-BF16
-    or AMX) whose bf16 matmuls oneDNN runs (there packing changes no result, and every row comes out as it would
-    alone; oneDNN's emulation on other AVX-512 CPUs gives neither), float32 PyTorch's MKL."""
+    or AMX) whose bf16 matmuls oneDNN runs (there packing changes no result; oneDNN's emulation on other AVX-512 CPUs
+    does not promise it), float32 PyTorch's MKL."""
     if dtype == torch.float32:
         return torch.backends.mkl.is_available()
     return (native_bf16_matmuls() and torch.backends.mkldnn.is_available()
@@ -65,6 +65,40 @@ def native_bf16_matmuls() -> bool:
     if limit and limit not in ("ALL", "DEFAULT") and not any(isa in limit for isa in ("BF16", "AMX", "AVX10")):
         return False
     return bool({"avx512_bf16", "amx_bf16"} & _cpuinfo()[1])
+
+
+#: The probe of :func:`bf16_rows_independent`: reduction lengths (a layer's input width) and block heights. oneDNN
+#: picks its blocking by the matrix sizes; seen on an AMD EPYC (Zen 4, AVX512-BF16 without AMX): widths of 1536 and
+#: more give a few values of 3-row and taller blocks a different bf16 rounding than the same rows alone.
+ROW_PROBE_WIDTHS = (576, 1536, 2048, 4096)
+ROW_PROBE_HEIGHTS = (2, 3, 8, 17, 32)
+
+
+def bf16_rows_independent() -> bool:
+    """Whether this CPU's bf16 matmuls give every row of a many-row input, bit for bit, the result the row gets
+    alone, which exact bf16 decoding with a drafter needs (a verification forward holds many tokens, plain decoding
+    one). Measured once per thread count on random layers of several widths (a few milliseconds), with the
+    linears' own forward, which packed linears match bit for bit."""
+    return _bf16_rows_independent(torch.get_num_threads())
+
+
+@cache
+def _bf16_rows_independent(threads: int) -> bool:
+    generator = torch.Generator().manual_seed(0)
+    for width in ROW_PROBE_WIDTHS:
+        weight = torch.randn(256, width, generator=generator).to(torch.bfloat16)
+        rows = torch.randn(max(ROW_PROBE_HEIGHTS), width, generator=generator).to(torch.bfloat16)
+        alone = torch.cat([nn.functional.linear(row[None], weight) for row in rows])
+        if not all(torch.equal(nn.functional.linear(rows[:height], weight), alone[:height])
+                   for height in ROW_PROBE_HEIGHTS):
+            return False
+    return True
+
+
+def exact_bf16_supported() -> bool:
+    """Whether bf16 decoding with the float64 attention gives plain bf16 decoding's tokens on this CPU: bf16 matmul
+    instructions that oneDNN runs (packable linears) and a block's rows rounded as they would be alone."""
+    return native_bf16_matmuls() and packed_linears_supported(torch.bfloat16) and bf16_rows_independent()
 
 
 #: Environment variables that hold PyTorch's, MKL's and oneDNN's kernels below what the CPU has (e.g. ``avx2`` on an
@@ -98,17 +132,23 @@ class ExactSetting:
 
 
 def fastest_exact_setting() -> ExactSetting:
-    """The fastest exact setting for this CPU. With bf16 matmul instructions (AVX512-BF16 or AMX), bf16 on packed
-    oneDNN linears with the float64 attention (a block costs about one token to verify, and the attention makes it
-    exact). Without them bf16 is emulated and slower than float32, which is exact as it is; its linears run on
-    MKL-packed weights where PyTorch has MKL. ``docs/results.md`` has the measurements behind both choices."""
-    if native_bf16_matmuls() and packed_linears_supported(torch.bfloat16):
+    """The fastest exact setting for this CPU. With bf16 matmul instructions (AVX512-BF16 or AMX) that round a
+    block's rows as they would round them alone, bf16 on packed oneDNN linears with the float64 attention (a block
+    costs about one token to verify, and the attention makes it exact). Otherwise float32, which is exact as it is:
+    bf16 would be emulated and slower, or its blocks would round differently from one-token steps. float32 linears
+    run on MKL-packed weights where PyTorch has MKL. ``docs/results.md`` has the measurements behind the choices."""
+    if exact_bf16_supported():
         return ExactSetting("bfloat16", True, True, "this CPU multiplies bf16 in hardware (AVX512-BF16/AMX), where "
                             "a bf16 block costs about one token to verify; the float64 attention keeps it exact")
+    if native_bf16_matmuls() and packed_linears_supported(torch.bfloat16):
+        why = ("this CPU's bf16 matmuls round some values of a many-token block differently from the same token "
+               "alone, so bf16 decoding with a drafter would not give plain decoding's tokens; float32 is exact")
+    else:
+        why = ("this CPU has no bf16 matmul instructions (AVX512-BF16/AMX), so bf16 would be emulated and slower; "
+               "float32 is exact")
     packed = packed_linears_supported(torch.float32)
-    return ExactSetting("float32", packed, False, "this CPU has no bf16 matmul instructions (AVX512-BF16/AMX), so "
-                        "bf16 would be emulated and slower; float32 is exact" +
-                        (", and MKL-packed weights make verifying many tokens cheaper" if packed else ""))
+    return ExactSetting("float32", packed, False,
+                        why + (", and MKL-packed weights make verifying many tokens cheaper" if packed else ""))
 
 
 def _onednn_linear(packed: torch.Tensor, bias: torch.Tensor | None, hidden: torch.Tensor) -> torch.Tensor:

@@ -10,9 +10,11 @@ values in float64 and rounds once, at the end, to the model's dtype. Differences
 1e-16, far below bf16's resolution (~4e-3), so each query row gets the same bf16 result in a block as alone (except
 for a value lying within ~1e-16 of a bf16 rounding boundary, which at ~1e-14 per value is not seen in practice).
 The other layers of a Llama/Qwen2-style model are row-wise already: norms, rotary embeddings and, on CPUs whose
-bf16 matmuls run through oneDNN (AVX512-BF16 / AMX; :func:`~dflash2_hf.cpu_kernels.packed_linears_supported`),
-the linear layers, bit for bit. With this attention on the target, greedy decoding with a drafter gives exactly the
-tokens plain ``generate`` gives with the same attention (``tests/test_exact_attention.py``).
+bf16 matmuls give a block's rows what they give each row alone (:func:`~dflash2_hf.cpu_kernels.bf16_rows_independent`
+measures it: true of oneDNN on the AMX Xeon measured, not of oneDNN on an AVX512-BF16 AMD EPYC, whose wide layers
+round a few values of taller blocks differently), the linear layers, bit for bit. With this attention on the target
+of such a CPU, greedy decoding with a drafter gives exactly the tokens plain ``generate`` gives with the same
+attention (``tests/test_exact_attention.py``); elsewhere :meth:`ExactAttention.enable` warns that it cannot.
 
 It is an explicit opt-in, for the target only (the drafter's numerics only decide what is proposed): the target
 then runs a different, more precise attention than its default, so its output can differ from plain decoding with
@@ -26,12 +28,21 @@ with ExactAttention(target):
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
+from .cpu_kernels import bf16_rows_independent
+
 EXACT_ATTENTION = "exact_float64"  # no "flash" in it: transformers reads such names as flash-attention kernels
+ROWS_ROUND_DIFFERENTLY = (
+    "This CPU's bf16 matmuls round some values of a many-token block differently from the same token alone, so the "
+    "float64 attention cannot make bf16 decoding with a drafter give plain decoding's tokens here. Load the target "
+    "and drafter with dtype=torch.float32, which is exact."
+)
 
 
 def float64_attention(
@@ -83,7 +94,10 @@ class ExactAttention:
         self.previous = model.config._attn_implementation
 
     def enable(self) -> ExactAttention:
-        """Make every attention layer of the model run :func:`float64_attention` (remembering the one it ran)."""
+        """Make every attention layer of the model run :func:`float64_attention` (remembering the one it ran).
+        Warns where a bf16 model on the CPU stays inexact for its linear layers (:data:`ROWS_ROUND_DIFFERENTLY`)."""
+        if self.model.device.type == "cpu" and self.model.dtype == torch.bfloat16 and not bf16_rows_independent():
+            warnings.warn(ROWS_ROUND_DIFFERENTLY, stacklevel=2)
         current = self.model.config._attn_implementation
         if current != EXACT_ATTENTION:
             self.previous = current

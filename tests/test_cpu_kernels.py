@@ -130,9 +130,78 @@ def test_the_fastest_exact_setting_follows_the_cpus_bf16_instructions(monkeypatc
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.setattr(cpu_kernels, "_cpuinfo", lambda: ("a CPU", frozenset(flags)))
     monkeypatch.setattr(cpu_kernels, "packed_linears_supported", lambda dtype=torch.bfloat16: True)
+    monkeypatch.setattr(cpu_kernels, "bf16_rows_independent", lambda: True)
     setting = fastest_exact_setting()
     assert (setting.dtype, (setting.packed_linears, setting.exact_attention)) == (dtype, kernels)
     assert ("has no bf16 matmul instructions" in setting.reason) is (dtype == "float32")
+
+
+@pytest.mark.parametrize("flags", [{"avx2", "avx512f", "avx512_bf16"}, {"avx2", "avx512f", "amx_bf16"}])
+def test_bf16_instructions_whose_blocks_round_differently_from_single_rows_get_float32(monkeypatch, flags):
+    """As on an AMD EPYC with AVX512-BF16 (Zen 4): bf16 is fast there, but a drafted block would not give plain
+    decoding's tokens, so the exact setting is float32, and the reason says so."""
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.setattr(cpu_kernels, "_cpuinfo", lambda: ("a CPU", frozenset(flags)))
+    monkeypatch.setattr(cpu_kernels, "packed_linears_supported", lambda dtype=torch.bfloat16: True)
+    monkeypatch.setattr(cpu_kernels, "bf16_rows_independent", lambda: False)
+    setting = fastest_exact_setting()
+    assert (setting.dtype, setting.packed_linears, setting.exact_attention) == ("float32", True, False)
+    assert "round some values of a many-token block differently from the same token alone" in setting.reason
+
+
+@pytest.fixture
+def fresh_row_probe():
+    cpu_kernels._bf16_rows_independent.cache_clear()
+    yield
+    cpu_kernels._bf16_rows_independent.cache_clear()
+
+
+def float64_linear(rows, weight, bias=None):
+    """A linear whose every row is computed on its own terms: float64 products, one rounding."""
+    return (rows.double() @ weight.double().T).to(rows.dtype)
+
+
+def test_bf16_rows_count_as_independent_where_a_block_gives_each_row_its_result_alone(monkeypatch, fresh_row_probe):
+    monkeypatch.setattr(torch.nn.functional, "linear", float64_linear)
+    assert cpu_kernels.bf16_rows_independent()
+
+
+@pytest.mark.parametrize("height", cpu_kernels.ROW_PROBE_HEIGHTS)
+def test_negative_control_a_block_of_one_height_rounding_differently_is_caught(monkeypatch, fresh_row_probe, height):
+    def block_dependent(rows, weight, bias=None):
+        out = float64_linear(rows, weight)
+        return out.nextafter(out + 1) if rows.shape[0] == height else out
+
+    monkeypatch.setattr(torch.nn.functional, "linear", block_dependent)
+    assert not cpu_kernels.bf16_rows_independent()
+
+
+@needs_onednn_bf16
+@pytest.mark.slow
+def test_the_row_probe_agrees_with_smollm2s_own_layers_on_a_real_block():
+    """The probe's random layers stand for a real model's: SmolLM2-135M's linear layers in bf16, on the hidden states
+    of a 32-token HumanEval prompt, give each row what it gives alone exactly where the probe says rows are
+    independent (on the AMD EPYC with AVX512-BF16 measured, its 1536-wide down projections do not)."""
+    from dflash2_hf.evaluation import benchmark_prompts
+    from dflash2_hf.presets import load_target
+
+    target, tokenizer = load_target("smollm2-135m", dtype=torch.bfloat16)
+    (_, prompt), = benchmark_prompts(tokenizer, ["humaneval"], 1)
+    inputs = {}
+
+    def keep_input(layer, args):
+        inputs[layer] = args[0][0]
+
+    hooks = [layer.register_forward_pre_hook(keep_input) for layer in target.modules()
+             if isinstance(layer, torch.nn.Linear)]
+    with torch.no_grad():
+        target(prompt[:, :32])
+    for hook in hooks:
+        hook.remove()
+    with torch.no_grad():
+        rows_alike = all(torch.equal(layer(block), torch.cat([layer(row[None]) for row in block]))
+                         for layer, block in inputs.items())
+    assert rows_alike is cpu_kernels.bf16_rows_independent()
 
 
 @pytest.mark.parametrize(("limit", "native"), [("AVX2", False), ("avx512_core", False), ("AVX512_CORE_AMX", True),

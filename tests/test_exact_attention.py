@@ -1,16 +1,21 @@
 """The float64 attention makes a bf16 block forward give what one-token steps give, so greedy decoding with a drafter
 gives plain decoding's tokens in bf16 too (on CPUs whose bf16 matmuls are row-wise: oneDNN bf16)."""
 
+import warnings
+
 import pytest
 import torch
 from conftest import tiny_drafter, tiny_target
 from transformers import DynamicCache
 
-from dflash2_hf.cpu_kernels import packed_linears_supported
-from dflash2_hf.exact_attention import EXACT_ATTENTION, ExactAttention, float64_attention
+from dflash2_hf.cpu_kernels import exact_bf16_supported, packed_linears_supported
+from dflash2_hf.exact_attention import EXACT_ATTENTION, ROWS_ROUND_DIFFERENTLY, ExactAttention, float64_attention
 
 needs_onednn_bf16 = pytest.mark.skipif(not packed_linears_supported(),
                                        reason="this CPU has no oneDNN bf16 matmuls (AVX512-BF16 or AMX)")
+# The tiny models' layers are too narrow for the blocks of an AVX512-BF16 EPYC to round differently; SmolLM2's are not.
+needs_exact_bf16 = pytest.mark.skipif(not exact_bf16_supported(), reason="this CPU's bf16 matmuls round a block's "
+                                      "rows differently from single rows (cpu_kernels.bf16_rows_independent)")
 SHAPES = [(prefix, block) for prefix in (7, 37, 64, 100) for block in (2, 5, 9, 16, 25)]
 
 
@@ -82,6 +87,20 @@ def test_float64_attention_refuses_dropout():
         float64_attention(torch.nn.Module(), query, key, value, None, dropout=0.1)
 
 
+@pytest.mark.parametrize("independent", [True, False])
+def test_the_exact_attention_warns_where_the_cpus_bf16_blocks_stay_inexact(monkeypatch, independent):
+    monkeypatch.setattr("dflash2_hf.exact_attention.bf16_rows_independent", lambda: independent)
+    model = tiny_target("llama", seed=1).to(torch.bfloat16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ExactAttention(model).enable()
+    assert [str(w.message) for w in caught] == ([] if independent else [ROWS_ROUND_DIFFERENTLY])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ExactAttention(model.float()).enable()
+    assert not caught, "float32 is exact without the probe"
+
+
 def test_exact_attention_switches_the_model_and_back():
     target = tiny_target("qwen3", seed=1)
     with ExactAttention(target):
@@ -112,7 +131,7 @@ def ours_equals_plain(target, drafter, prompt) -> bool:
     return torch.equal(target.generate(prompt, max_new_tokens=96, do_sample=False, assistant_model=drafter), plain)
 
 
-@needs_onednn_bf16
+@needs_exact_bf16
 @pytest.mark.slow
 def test_smollm2_bf16_decoding_with_its_drafter_gives_plain_decodings_tokens(smollm2_bf16):
     target, drafter, prompts = smollm2_bf16
@@ -127,7 +146,7 @@ def test_negative_control_smollm2_bf16_decoding_with_sdpa_parts_from_plain_decod
     assert not all(ours_equals_plain(target, drafter, prompt) for prompt in prompts)
 
 
-@needs_onednn_bf16
+@needs_exact_bf16
 @pytest.mark.slow
 def test_smollm2_bench_with_the_exact_attention_counts_every_greedy_method_identical(tmp_path):
     """docs/results.md's bf16 runs (here 1 HumanEval and 1 MT-Bench prompt, 32 new tokens): with `--exact-attention`,
