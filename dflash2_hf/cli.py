@@ -438,8 +438,8 @@ def identity_verdict(identical: bool, dtype: str, exact_attention: bool = False)
 
 
 def exact_bf16_tip(dtype: str) -> str | None:
-    """For a float32 run on a CPU where bf16 decoding is exact too (:func:`~dflash2_hf.cpu_kernels.exact_bf16_supported`):
-    the bf16 setting, faster there."""
+    """For a float32 run on a CPU where bf16 decoding is exact too
+    (:func:`~dflash2_hf.cpu_kernels.exact_bf16_supported`): the bf16 setting, faster there."""
     if dtype != "float32" or not exact_bf16_supported():
         return None
     return ("exact too and faster on this CPU: --dtype bfloat16 --packed-linears --exact-attention (a bf16 block "
