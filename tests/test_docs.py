@@ -362,6 +362,20 @@ DOCUMENTED_COMMANDS = {
     "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 6 --temperatures 0 --max-new-tokens 128 "
     "--threads 2 --paths greedy --dtype float32 --packed-linears --out docs/results/xeon-avx2-fp32":
         "tests/test_cli.py::test_bench_packed_float32_linears_run_the_default_and_every_method_also_packed",
+    # docs/results.md: the current runs on an AMD EPYC (Zen 4) with AVX512-BF16 (fp32 and bf16 packed twins; the
+    # MT-Bench rerun with 6 prompts; HumanEval with the kernels held to AVX2).
+    "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 3 --temperatures 0 --max-new-tokens 128 "
+    "--threads 2 --paths greedy --dtype float32 --packed-linears --out docs/results/epyc-avx512bf16-fp32":
+        "tests/test_cli.py::test_bench_packed_float32_linears_run_the_default_and_every_method_also_packed",
+    "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 3 --temperatures 0 --max-new-tokens 128 "
+    "--threads 2 --paths greedy --dtype bfloat16 --packed-linears --out docs/results/epyc-avx512bf16-bf16":
+        "tests/test_cli.py::test_bench_packed_float32_linears_run_the_default_and_every_method_also_packed",
+    "dflash2-hf bench --prompts mtbench --per-source 6 --temperatures 0 --max-new-tokens 128 "
+    "--threads 2 --paths greedy --dtype float32 --packed-linears --out docs/results/epyc-avx512bf16-fp32-mtbench6":
+        "tests/test_cli.py::test_bench_packed_float32_linears_run_the_default_and_every_method_also_packed",
+    "dflash2-hf bench --prompts humaneval --per-source 6 --temperatures 0 --max-new-tokens 128 "
+    "--threads 2 --paths greedy --dtype float32 --packed-linears --out docs/results/epyc-avx2-fp32":
+        "tests/test_cli.py::test_bench_packed_float32_linears_run_the_default_and_every_method_also_packed",
     # docs/results.md: the current runs on a CPU with AMX (fp32 and bf16 packed twins, bf16 with the exact attention).
     "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 3 --temperatures 0 --max-new-tokens 128 "
     "--threads 2 --paths greedy --dtype float32 --packed-linears --out docs/results/xeon-amx-fp32":
