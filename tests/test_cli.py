@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 
 from dflash2_hf import DFlash2DraftModel, DFlashDraftModel
 from dflash2_hf.cli import exact_bf16_tip, identity_verdict, main
-from dflash2_hf.cpu_kernels import cpu_description, fastest_exact_setting, native_bf16_matmuls, packed_linears_supported
+from dflash2_hf.cpu_kernels import cpu_description, fastest_exact_setting, packed_linears_supported
 from dflash2_hf.code_prompts import code_request
 from dflash2_hf.data import describe_data, read_responses
 from dflash2_hf.presets import SMOLLM2_135M
@@ -417,10 +417,12 @@ def test_generate_streams_the_answer_and_matches_plain_decoding(target, trained)
     assert "--- exact too and faster on this CPU" not in printed, "the chosen setting is this CPU's fastest exact one"
 
 
-def test_the_faster_exact_setting_is_offered_for_float32_only_where_the_cpu_has_bf16_instructions():
+@pytest.mark.parametrize("exact_bf16", [True, False])
+def test_the_faster_exact_setting_is_offered_for_float32_only_where_bf16_is_exact_too(monkeypatch, exact_bf16):
+    monkeypatch.setattr("dflash2_hf.cli.exact_bf16_supported", lambda: exact_bf16)
     assert exact_bf16_tip("bfloat16") is None
     tip = exact_bf16_tip("float32")
-    if native_bf16_matmuls() and packed_linears_supported():
+    if exact_bf16:
         assert "--dtype bfloat16 --packed-linears --exact-attention" in tip
     else:
         assert tip is None
@@ -432,8 +434,18 @@ def test_a_bf16_difference_from_plain_decoding_is_explained_and_an_fp32_one_is_n
     assert "--dtype float32, or --exact-attention, is the exact setting" in identity_verdict(False, "bfloat16")
 
 
-def test_a_bf16_difference_with_the_exact_attention_is_not_excused():
+def test_a_bf16_difference_with_the_exact_attention_is_not_excused_where_bf16_blocks_round_as_single_rows(
+        monkeypatch):
+    monkeypatch.setattr("dflash2_hf.cli.bf16_rows_independent", lambda: True)
     assert identity_verdict(False, "bfloat16", exact_attention=True) == "NO"
+
+
+def test_a_bf16_difference_with_the_exact_attention_is_explained_where_the_cpus_bf16_blocks_round_differently(
+        monkeypatch):
+    monkeypatch.setattr("dflash2_hf.cli.bf16_rows_independent", lambda: False)
+    verdict = identity_verdict(False, "bfloat16", exact_attention=True)
+    assert verdict.startswith("no (this CPU's bf16 matmuls round a many-token block differently")
+    assert "--dtype float32 is the exact setting here" in verdict
 
 
 def test_generate_reads_the_prompt_from_stdin_and_samples_without_a_baseline(target, trained, monkeypatch):
