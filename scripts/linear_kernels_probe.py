@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dflash2_hf.cpu_kernels import PackedLinears, packed_linears_supported
+from dflash2_hf.cpu_kernels import PackedLinears, packed_linears_supported, rows_match_alone
 from dflash2_hf.presets import load_target
 
 GROUP = 32  # input features per int4 group, as in GGUF's Q4_0/Q4_1 blocks
@@ -72,12 +72,6 @@ def forward_seconds(layers: list, inputs: dict[int, torch.Tensor], repeats: int)
     return (time.perf_counter() - started) / repeats
 
 
-def rows_independent(kernel, rows: torch.Tensor) -> bool:
-    """Whether each row's result is the same in one call over all rows as in a call of its own."""
-    together = kernel(rows)
-    return all(torch.equal(together[i : i + 1], kernel(rows[i : i + 1])) for i in range(rows.shape[0]))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", default="smollm2-135m")
@@ -110,7 +104,7 @@ def main() -> None:
             inputs = {size: torch.randn(rows, size).to(torch.bfloat16) for size in sizes}
             record["ms_per_forward"][name][rows] = 1000 * forward_seconds([*layers, head], inputs, args.repeats)
         first_block = layers[: len(layers) // target.config.num_hidden_layers]
-        record["rows_independent"][name] = all(rows_independent(kernel, torch.randn(max(args.rows), size)
+        record["rows_independent"][name] = all(rows_match_alone(kernel, torch.randn(max(args.rows), size)
                                                                 .to(torch.bfloat16)) for size, kernel in first_block)
     Path(args.out).write_text(json.dumps(record, indent=2))
 
