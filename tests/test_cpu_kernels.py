@@ -199,8 +199,7 @@ def test_the_row_probe_agrees_with_smollm2s_own_layers_on_a_real_block():
     for hook in hooks:
         hook.remove()
     with torch.no_grad():
-        rows_alike = all(torch.equal(layer(block), torch.cat([layer(row[None]) for row in block]))
-                         for layer, block in inputs.items())
+        rows_alike = all(cpu_kernels.rows_match_alone(layer, block) for layer, block in inputs.items())
     assert rows_alike is cpu_kernels.bf16_rows_independent()
 
 
