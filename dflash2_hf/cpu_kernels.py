@@ -5,9 +5,11 @@ into the blocked layout their kernels read: at every call, for every layer, at e
 reorder is cheap next to reading the weight; for the 8-32 rows a verification forward holds it is most of the
 layer's time. :class:`PackedLinears` reorders each weight once and calls the same library on the packed copy:
 
-* **bf16** (oneDNN): on CPUs whose bf16 matmuls go through oneDNN, the results are the ones the plain layers give,
-  bit for bit (``tests/test_cpu_kernels.py`` checks it layer by layer and on whole decodings), so decoding with it is
-  exact relative to the same target; it only skips the repeated reorder.
+* **bf16** (oneDNN): on CPUs whose bf16 matmuls go through oneDNN, one-row inputs (plain decoding's steps) get the
+  plain layers' results bit for bit. Many-row blocks do too where a block's rows round as each row alone, for the
+  plain and the packed kernel (:func:`bf16_rows_independent` measures both), which is where bf16 is the exact
+  default. Where they do not (seen on AMD EPYC Zen 4 CPUs with AVX512-BF16), a plain block already rounds a few
+  values differently from single rows, and a packed block may round others differently again.
 * **float32** (MKL's packed sgemm): one-row inputs (plain decoding's steps) keep the layer's own forward, bit for bit;
   wider inputs run ``cblas_sgemm_compute`` on the packed weight, which rounds like sgemm does at the same width for
   16 rows and more and within float32 rounding of it below (sgemm itself rounds differently at each width). Greedy
@@ -37,8 +39,8 @@ PACKED_DTYPES = (torch.bfloat16, torch.float32)
 
 def packed_linears_supported(dtype: torch.dtype = torch.bfloat16) -> bool:
     """Whether linears of this dtype can be packed here: bf16 needs a CPU with bf16 matmul instructions (AVX512-BF16
-    or AMX) whose bf16 matmuls oneDNN runs (there packing changes no result; oneDNN's emulation on other AVX-512 CPUs
-    does not promise it), float32 PyTorch's MKL."""
+    or AMX) whose bf16 matmuls oneDNN runs (there packing changes no one-row result; oneDNN's emulation on other
+    AVX-512 CPUs does not promise it), float32 PyTorch's MKL."""
     if dtype == torch.float32:
         return torch.backends.mkl.is_available()
     return (native_bf16_matmuls() and torch.backends.mkldnn.is_available()
@@ -78,8 +80,9 @@ ROW_PROBE_HEIGHTS = (2, 3, 8, 17, 32)
 def bf16_rows_independent() -> bool:
     """Whether this CPU's bf16 matmuls give every row of a many-row input, bit for bit, the result the row gets
     alone, which exact bf16 decoding with a drafter needs (a verification forward holds many tokens, plain decoding
-    one). Measured once per thread count on random layers of several widths (1,024 outputs each; about 0.1 s),
-    with the linears' own forward, which packed linears match bit for bit."""
+    one). Measured once per thread count on random layers of several widths (1,024 outputs each; about 0.2 s),
+    with the linears' own forward and, where bf16 linears can be packed, with packed ones, which must also give the
+    own forward's results."""
     return _bf16_rows_independent(torch.get_num_threads())
 
 
@@ -90,13 +93,25 @@ def rows_match_alone(kernel: Callable[[torch.Tensor], torch.Tensor], rows: torch
     return all(torch.equal(together[i : i + 1], kernel(rows[i : i + 1])) for i in range(rows.shape[0]))
 
 
+def _bf16_kernels(weight: torch.Tensor) -> list[Callable[[torch.Tensor], torch.Tensor]]:
+    """The bf16 kernels decoding may run a linear of this weight on: its own forward and, where bf16 linears can be
+    packed, the packed one."""
+    kernels = [partial(nn.functional.linear, weight=weight)]
+    if packed_linears_supported(torch.bfloat16):
+        kernels.append(partial(_onednn_linear, _onednn_pack(weight), None))
+    return kernels
+
+
 @cache
 def _bf16_rows_independent(threads: int) -> bool:
     generator = torch.Generator().manual_seed(0)
     for width in ROW_PROBE_WIDTHS:
-        layer = partial(nn.functional.linear, weight=torch.randn(1024, width, generator=generator).to(torch.bfloat16))
+        weight = torch.randn(1024, width, generator=generator).to(torch.bfloat16)
         rows = torch.randn(max(ROW_PROBE_HEIGHTS), width, generator=generator).to(torch.bfloat16)
-        if not all(rows_match_alone(layer, rows[:height]) for height in ROW_PROBE_HEIGHTS):
+        own, *packed = kernels = _bf16_kernels(weight)
+        if not all(rows_match_alone(kernel, rows[:height]) for kernel in kernels for height in ROW_PROBE_HEIGHTS):
+            return False
+        if not all(torch.equal(kernel(rows), own(rows)) for kernel in packed):
             return False
     return True
 
@@ -157,6 +172,10 @@ def fastest_exact_setting() -> ExactSetting:
                         why + (", and MKL-packed weights make verifying many tokens cheaper" if packed else ""))
 
 
+def _onednn_pack(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight, None)
+
+
 def _onednn_linear(packed: torch.Tensor, bias: torch.Tensor | None, hidden: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(hidden, packed, bias, "none", [], "")
 
@@ -212,7 +231,7 @@ class PackedLinears:
         cached = self._packed.get(module)
         if cached is None or cached[0] != version:
             weight = module.weight.detach()
-            packed = (torch.ops.mkldnn._reorder_linear_weight(weight, None) if self.dtype == torch.bfloat16
+            packed = (_onednn_pack(weight) if self.dtype == torch.bfloat16
                       else torch.ops.mkl._mkl_reorder_linear_weight(weight, 16))  # 16: a batch-size hint only
             cached = (version, packed)
             self._packed[module] = cached

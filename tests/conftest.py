@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Co
 
 from dflash2_hf import DFlashConfig, DFlashDraftModel
 from dflash2_hf.block_length import CycleCost
+from dflash2_hf.cpu_kernels import exact_bf16_supported, packed_linears_supported
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PUBLISHED = FIXTURES / "published"
@@ -20,6 +21,13 @@ REFERENCE = FIXTURES / "reference"
 TINY_VOCAB, TINY_HIDDEN, TINY_TARGET_LAYERS = 96, 64, 4
 
 TARGET_CONFIGS = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
+
+
+needs_onednn_bf16 = pytest.mark.skipif(not packed_linears_supported(),
+                                       reason="this CPU has no oneDNN bf16 matmuls (AVX512-BF16 or AMX)")
+# The tiny models' layers are too narrow for the blocks of an AVX512-BF16 EPYC to round differently; SmolLM2's are not.
+needs_exact_bf16 = pytest.mark.skipif(not exact_bf16_supported(), reason="this CPU's bf16 matmuls round a block's "
+                                      "rows differently from single rows (cpu_kernels.bf16_rows_independent)")
 
 
 def randomize(model: torch.nn.Module, seed: int, scale: float = 0.2) -> torch.nn.Module:

@@ -4,14 +4,12 @@ cleanly. The CPU facts that choose the fastest exact setting are read from the C
 
 import pytest
 import torch
-from conftest import tiny_drafter, tiny_target
+from conftest import needs_exact_bf16, needs_onednn_bf16, tiny_drafter, tiny_target
 
 from dflash2_hf import cpu_kernels
 from dflash2_hf.cpu_kernels import PackedLinears, fastest_exact_setting, packed_linears_supported
 
 PROMPT = torch.tensor([[5, 17, 33, 2, 71, 8]])
-needs_onednn_bf16 = pytest.mark.skipif(not packed_linears_supported(),
-                                       reason="this CPU has no oneDNN bf16 matmuls (AVX512-BF16 or AMX)")
 needs_mkl = pytest.mark.skipif(not packed_linears_supported(torch.float32), reason="this PyTorch has no MKL")
 
 
@@ -149,30 +147,53 @@ def test_bf16_instructions_whose_blocks_round_differently_from_single_rows_get_f
     assert "round some values of a many-token block differently from the same token alone" in setting.reason
 
 
-@pytest.fixture
-def fresh_row_probe():
-    cpu_kernels._bf16_rows_independent.cache_clear()
-    yield
-    cpu_kernels._bf16_rows_independent.cache_clear()
-
-
 def float64_linear(rows, weight, bias=None):
     """A linear whose every row is computed on its own terms: float64 products, one rounding."""
     return (rows.double() @ weight.double().T).to(rows.dtype)
 
 
-def test_bf16_rows_count_as_independent_where_a_block_gives_each_row_its_result_alone(monkeypatch, fresh_row_probe):
-    monkeypatch.setattr(torch.nn.functional, "linear", float64_linear)
+def one_ulp_up_at(height):
+    """A float64 linear that rounds every value of a block of ``height`` rows (None: of every block) one ulp up."""
+    def linear(rows, weight, bias=None):
+        out = float64_linear(rows, weight)
+        return out.nextafter(out + 1) if height in (None, rows.shape[0]) else out
+    return linear
+
+
+@pytest.fixture
+def row_probe_kernels(monkeypatch):
+    """The probe run afresh on stand-ins for both bf16 kernels (own forward and packed), each a float64 linear
+    unless a test swaps one: ``row_probe_kernels("own" | "packed", linear)``."""
+    def use(kernel, linear):
+        if kernel == "own":
+            monkeypatch.setattr(torch.nn.functional, "linear", linear)
+        else:
+            monkeypatch.setattr(cpu_kernels, "_onednn_linear", lambda packed, bias, rows: linear(rows, packed))
+
+    monkeypatch.setattr(cpu_kernels, "packed_linears_supported", lambda dtype=torch.bfloat16: True)
+    monkeypatch.setattr(cpu_kernels, "_onednn_pack", lambda weight: weight)
+    use("own", float64_linear)
+    use("packed", float64_linear)
+    cpu_kernels._bf16_rows_independent.cache_clear()
+    yield use
+    cpu_kernels._bf16_rows_independent.cache_clear()
+
+
+def test_bf16_rows_count_as_independent_where_a_block_gives_each_row_its_result_alone(row_probe_kernels):
     assert cpu_kernels.bf16_rows_independent()
 
 
+@pytest.mark.parametrize("kernel", ["own", "packed"])
 @pytest.mark.parametrize("height", cpu_kernels.ROW_PROBE_HEIGHTS)
-def test_negative_control_a_block_of_one_height_rounding_differently_is_caught(monkeypatch, fresh_row_probe, height):
-    def block_dependent(rows, weight, bias=None):
-        out = float64_linear(rows, weight)
-        return out.nextafter(out + 1) if rows.shape[0] == height else out
+def test_negative_control_a_block_of_one_height_rounding_differently_is_caught(row_probe_kernels, kernel, height):
+    row_probe_kernels(kernel, one_ulp_up_at(height))
+    assert not cpu_kernels.bf16_rows_independent()
 
-    monkeypatch.setattr(torch.nn.functional, "linear", block_dependent)
+
+def test_negative_control_packed_linears_rounding_unlike_the_layers_own_forward_are_caught(row_probe_kernels):
+    """Rows independent in each kernel, but the packed one gives other results: bf16 decoding on packed linears
+    would not give plain decoding's tokens."""
+    row_probe_kernels("packed", one_ulp_up_at(None))
     assert not cpu_kernels.bf16_rows_independent()
 
 
@@ -180,8 +201,9 @@ def test_negative_control_a_block_of_one_height_rounding_differently_is_caught(m
 @pytest.mark.slow
 def test_the_row_probe_agrees_with_smollm2s_own_layers_on_a_real_block():
     """The probe's random layers stand for a real model's: SmolLM2-135M's linear layers in bf16, on the hidden states
-    of a 32-token HumanEval prompt, give each row what it gives alone exactly where the probe says rows are
-    independent (on the AMD EPYC with AVX512-BF16 measured, its 1536-wide down projections do not)."""
+    of a 32-token HumanEval prompt, give each row what it gives alone, with their own forward and packed (and
+    packed what their own forward gives), exactly where the probe says rows are independent (on the AMD EPYC with
+    AVX512-BF16 measured, its 1536-wide down projections do not)."""
     from dflash2_hf.evaluation import benchmark_prompts
     from dflash2_hf.presets import load_target
 
@@ -199,7 +221,11 @@ def test_the_row_probe_agrees_with_smollm2s_own_layers_on_a_real_block():
     for hook in hooks:
         hook.remove()
     with torch.no_grad():
+        own = {layer: layer(block) for layer, block in inputs.items()}
         rows_alike = all(cpu_kernels.rows_match_alone(layer, block) for layer, block in inputs.items())
+        with PackedLinears(target):
+            rows_alike &= all(cpu_kernels.rows_match_alone(layer, block) and torch.equal(layer(block), own[layer])
+                              for layer, block in inputs.items())
     assert rows_alike is cpu_kernels.bf16_rows_independent()
 
 
@@ -234,11 +260,9 @@ def test_a_cpu_without_onednn_bf16_is_refused(bf16_target):
         PackedLinears(bf16_target)
 
 
-@needs_onednn_bf16
-@pytest.mark.slow
-def test_smollm2_decodes_the_same_tokens_on_packed_linears():
-    """The real SmolLM2-135M and its shipped drafter in bf16 (oneDNN's own choice of kernels for these shapes), one
-    HumanEval prompt: plain decoding and the default tree + lookup give the same tokens packed and unpacked."""
+@pytest.fixture(scope="module")
+def smollm2_bf16():
+    """The real SmolLM2-135M, its shipped drafter (both bf16) and one HumanEval prompt."""
     from dflash2_hf import DFlashDraftModel
     from dflash2_hf.evaluation import benchmark_prompts
     from dflash2_hf.presets import default_drafter_folder, load_target
@@ -246,14 +270,29 @@ def test_smollm2_decodes_the_same_tokens_on_packed_linears():
     target, tokenizer = load_target("smollm2-135m", dtype=torch.bfloat16)
     drafter = DFlashDraftModel.from_pretrained(default_drafter_folder("smollm2-135m"), dtype=torch.bfloat16).eval()
     (_, prompt), = benchmark_prompts(tokenizer, ["humaneval"], 1)
+    return target, drafter, prompt
 
-    def decode(**kwargs):
-        return target.generate(prompt, max_new_tokens=48, do_sample=False, **kwargs)
 
-    plain, ours = decode(), decode(assistant_model=drafter)
+@needs_onednn_bf16
+@pytest.mark.slow
+def test_smollm2_decodes_plain_decodings_tokens_on_packed_bf16_linears(smollm2_bf16):
+    """Plain decoding's one-token steps get the plain layers' results packed, so the same tokens, on every CPU whose
+    bf16 linears pack (oneDNN's own choice of kernels for SmolLM2-135M's shapes)."""
+    target, drafter, prompt = smollm2_bf16
+    plain = target.generate(prompt, max_new_tokens=48, do_sample=False)
     with PackedLinears(target, drafter):
-        assert torch.equal(decode(), plain)
-        assert torch.equal(decode(assistant_model=drafter), ours)
+        assert torch.equal(target.generate(prompt, max_new_tokens=48, do_sample=False), plain)
+
+
+@needs_exact_bf16
+@pytest.mark.slow
+def test_smollm2_decodes_the_same_tokens_with_its_drafter_on_packed_bf16_linears(smollm2_bf16):
+    """Where a bf16 block's rows round as each row alone (the probe), drafted blocks get the same results packed as
+    unpacked, so the default tree + lookup decodes the same tokens."""
+    target, drafter, prompt = smollm2_bf16
+    ours = target.generate(prompt, max_new_tokens=48, do_sample=False, assistant_model=drafter)
+    with PackedLinears(target, drafter):
+        assert torch.equal(target.generate(prompt, max_new_tokens=48, do_sample=False, assistant_model=drafter), ours)
 
 
 @needs_mkl

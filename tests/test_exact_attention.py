@@ -5,17 +5,11 @@ import warnings
 
 import pytest
 import torch
-from conftest import tiny_drafter, tiny_target
+from conftest import needs_exact_bf16, needs_onednn_bf16, tiny_drafter, tiny_target
 from transformers import DynamicCache
 
-from dflash2_hf.cpu_kernels import exact_bf16_supported, packed_linears_supported
 from dflash2_hf.exact_attention import EXACT_ATTENTION, ROWS_ROUND_DIFFERENTLY, ExactAttention, float64_attention
 
-needs_onednn_bf16 = pytest.mark.skipif(not packed_linears_supported(),
-                                       reason="this CPU has no oneDNN bf16 matmuls (AVX512-BF16 or AMX)")
-# The tiny models' layers are too narrow for the blocks of an AVX512-BF16 EPYC to round differently; SmolLM2's are not.
-needs_exact_bf16 = pytest.mark.skipif(not exact_bf16_supported(), reason="this CPU's bf16 matmuls round a block's "
-                                      "rows differently from single rows (cpu_kernels.bf16_rows_independent)")
 SHAPES = [(prefix, block) for prefix in (7, 37, 64, 100) for block in (2, 5, 9, 16, 25)]
 
 
