@@ -283,7 +283,7 @@ def heldout(args: argparse.Namespace) -> None:
 def check_bf16_cpu_options(args: argparse.Namespace, command: str) -> None:
     """Refuse --packed-linears and --exact-attention, before any model loads, where they cannot run as documented:
     packed bf16 linears and the float64 attention rely on oneDNN's bf16 matmuls (same results packed; row-wise
-    results), packed float32 linears on PyTorch's MKL, and the float64 attention is for bf16 (float32 is exact
+    results), packed float32 linears on PyTorch's oneDNN, and the float64 attention is for bf16 (float32 is exact
     already). ``command`` starts each message (``dflash2-hf generate``, or a script's name)."""
     if args.exact_attention and args.dtype != "bfloat16":
         raise SystemExit(f"{command}: --exact-attention makes bf16 decoding exact (float32 is exact "
@@ -294,7 +294,7 @@ def check_bf16_cpu_options(args: argparse.Namespace, command: str) -> None:
         raise SystemExit(f"{command}: {' and '.join(bf16)} need a CPU whose bf16 matmuls run through "
                          "oneDNN (AVX512-BF16 or AMX); this one has neither.")
     if args.packed_linears and args.dtype == "float32" and not packed_linears_supported(torch.float32):
-        raise SystemExit(f"{command}: --packed-linears in float32 needs PyTorch built with MKL; this one has none.")
+        raise SystemExit(f"{command}: --packed-linears in float32 needs PyTorch built with oneDNN (mkldnn); this one has none.")
 
 
 def refuse_below(command: str, flag: str, values: float | list[float] | None, minimum: int, meaning: str = "") -> None:
@@ -732,7 +732,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "linears); float32: greedy output token-identical to plain decoding")
     run.add_argument("--no-baseline", action="store_true", help="skip the plain-decoding comparison")
     run.add_argument("--packed-linears", action="store_true",
-                     help="with --dtype bfloat16 or float32: pack every linear weight once (oneDNN / MKL; faster, ours "
+                     help="with --dtype bfloat16 or float32: pack every linear weight once (oneDNN; faster, ours "
                           "and the baseline alike)")
     run.add_argument("--exact-attention", action="store_true",
                      help="with --dtype bfloat16: the target attends in float64 (slower), so greedy output is "
@@ -772,8 +772,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          help="with --lookup-tokens, run each lookup branch once per longest matched suffix of M "
                               "tokens (max_matching_ngram_size; default: one run at 8)")
     measure.add_argument("--packed-linears", action="store_true",
-                         help="also run every method with its linear weights packed once (bf16: oneDNN; float32: "
-                              "MKL; names end in 'packed')")
+                         help="also run every method with its linear weights packed once (oneDNN, bf16 or "
+                              "float32; names end in 'packed')")
     measure.add_argument("--exact-attention", action="store_true",
                          help="with --dtype bfloat16: the target attends in float64 in every method, plain included "
                               "(greedy bf16 output then identical to plain decoding)")

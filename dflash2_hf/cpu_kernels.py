@@ -3,17 +3,19 @@
 On the CPU, a bf16 ``nn.Linear`` runs oneDNN's matmul and a float32 one MKL's sgemm; both first reorder the weight
 into the blocked layout their kernels read: at every call, for every layer, at every decoding step. For one row that
 reorder is cheap next to reading the weight; for the 8-32 rows a verification forward holds it is most of the
-layer's time. :class:`PackedLinears` reorders each weight once and calls the same library on the packed copy:
+layer's time. :class:`PackedLinears` reorders each weight once for oneDNN and runs oneDNN's matmul on the packed
+copy:
 
 * **bf16** (oneDNN): on CPUs whose bf16 matmuls go through oneDNN, one-row inputs (plain decoding's steps) get the
   plain layers' results bit for bit. Many-row blocks do too where a block's rows round as each row alone, for the
   plain and the packed kernel (:func:`bf16_rows_independent` measures both), which is where bf16 is the exact
   default. Where they do not (seen on AMD EPYC Zen 4 CPUs with AVX512-BF16), a plain block already rounds a few
   values differently from single rows, and a packed block may round others differently again.
-* **float32** (MKL's packed sgemm): one-row inputs (plain decoding's steps) keep the layer's own forward, bit for bit;
-  wider inputs run ``cblas_sgemm_compute`` on the packed weight, which rounds like sgemm does at the same width for
-  16 rows and more and within float32 rounding of it below (sgemm itself rounds differently at each width). Greedy
-  output stays token-identical to plain decoding in float32 (tested on tiny and real models).
+* **float32** (oneDNN's float32 matmul, full float32 arithmetic): one-row inputs (plain decoding's steps) keep the
+  layer's own forward, bit for bit; wider inputs agree with it within float32 rounding (the layer's own sgemm
+  already rounds differently at each width). Greedy output stays token-identical to plain decoding in float32
+  (tested on tiny and real models). For the 2-16 rows of a verification forward oneDNN's kernels run faster than
+  MKL's packed sgemm, which this class used before (``docs/results.md``, "oneDNN for packed float32 linears").
 
 What it costs: a packed copy of every linear weight next to the weight itself (the weights stay what ``state_dict``,
 saving and PEFT see).
@@ -40,9 +42,9 @@ PACKED_DTYPES = (torch.bfloat16, torch.float32)
 def packed_linears_supported(dtype: torch.dtype = torch.bfloat16) -> bool:
     """Whether linears of this dtype can be packed here: bf16 needs a CPU with bf16 matmul instructions (AVX512-BF16
     or AMX) whose bf16 matmuls oneDNN runs (there packing changes no one-row result; oneDNN's emulation on other
-    AVX-512 CPUs does not promise it), float32 PyTorch's MKL."""
+    AVX-512 CPUs does not promise it), float32 PyTorch's oneDNN."""
     if dtype == torch.float32:
-        return torch.backends.mkl.is_available()
+        return torch.backends.mkldnn.is_available()
     return (native_bf16_matmuls() and torch.backends.mkldnn.is_available()
             and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
@@ -157,7 +159,7 @@ def fastest_exact_setting() -> ExactSetting:
     block's rows as they would round them alone, bf16 on packed oneDNN linears with the float64 attention (a block
     costs about one token to verify, and the attention makes it exact). Otherwise float32, which is exact as it is:
     bf16 would be emulated and slower, or its blocks would round differently from one-token steps. float32 linears
-    run on MKL-packed weights where PyTorch has MKL. ``docs/results.md`` has the measurements behind the choices."""
+    run on oneDNN-packed weights where PyTorch has oneDNN. ``docs/results.md`` has the measurements behind the choices."""
     if exact_bf16_supported():
         return ExactSetting("bfloat16", True, True, "this CPU multiplies bf16 in hardware (AVX512-BF16/AMX), where "
                             "a bf16 block costs about one token to verify; the float64 attention keeps it exact")
@@ -169,7 +171,7 @@ def fastest_exact_setting() -> ExactSetting:
                "float32 is exact")
     packed = packed_linears_supported(torch.float32)
     return ExactSetting("float32", packed, False,
-                        why + (", and MKL-packed weights make verifying many tokens cheaper" if packed else ""))
+                        why + (", and packed weights make verifying many tokens cheaper" if packed else ""))
 
 
 def _onednn_pack(weight: torch.Tensor) -> torch.Tensor:
@@ -180,24 +182,22 @@ def _onednn_linear(packed: torch.Tensor, bias: torch.Tensor | None, hidden: torc
     return torch.ops.mkldnn._linear_pointwise(hidden, packed, bias, "none", [], "")
 
 
-def _mkl_linear(layer: nn.Linear, packed: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-    """A float32 linear on MKL's packed weight; one row goes through the layer's own forward (bit for bit)."""
-    rows = hidden.numel() // hidden.shape[-1]
-    if rows <= 1:
+def _onednn_float32_linear(layer: nn.Linear, packed: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """A float32 linear on oneDNN's packed weight; one row goes through the layer's own forward (bit for bit)."""
+    if hidden.numel() <= hidden.shape[-1]:
         return nn.functional.linear(hidden, layer.weight, layer.bias)
-    flat = torch.ops.mkl._mkl_linear(hidden.reshape(rows, hidden.shape[-1]), packed, layer.weight, layer.bias, rows)
-    return flat.reshape(*hidden.shape[:-1], flat.shape[-1])
+    return _onednn_linear(packed, layer.bias, hidden)
 
 
 def linears_packed(model: nn.Module) -> bool:
     """Whether the model's linear layers run on packed weights now (a :class:`PackedLinears` is enabled on it)."""
-    return any(getattr(vars(module).get("forward"), "func", None) in (_onednn_linear, _mkl_linear)
+    return any(getattr(vars(module).get("forward"), "func", None) in (_onednn_linear, _onednn_float32_linear)
                for module in model.modules() if isinstance(module, nn.Linear))
 
 
 class PackedLinears:
     """Every ``nn.Linear`` of the given models, switched between its own forward and one on a weight packed once
-    (oneDNN for bf16, MKL for float32).
+    (oneDNN's matmul, bf16 or float32).
 
     ```python
     with PackedLinears(target, drafter):
@@ -206,7 +206,7 @@ class PackedLinears:
 
     or :meth:`enable` / :meth:`disable` for a long-lived process. Every layer's weight must be on the CPU, all in
     bf16 or all in float32. Refuses, before packing anything, a layer that is not, and a CPU that cannot pack that
-    dtype (bf16 without oneDNN bf16 matmuls, float32 without MKL).
+    dtype (bf16 without oneDNN bf16 matmuls, float32 without oneDNN).
     """
 
     def __init__(self, *models: nn.Module):
@@ -223,17 +223,14 @@ class PackedLinears:
             raise ValueError("packed bf16 linears need a CPU whose bf16 matmuls run through oneDNN (AVX512-BF16 or "
                              "AMX); this one has neither, so packing would change the results: leave the option off."
                              if self.dtype == torch.bfloat16 else
-                             "packed float32 linears need PyTorch built with MKL; this build has none.")
+                             "packed float32 linears need PyTorch built with oneDNN (mkldnn); this build has none.")
         self._packed: dict[nn.Linear, tuple[int, torch.Tensor]] = {}
 
     def _pack(self, module: nn.Linear) -> torch.Tensor:
         version = module.weight._version
         cached = self._packed.get(module)
         if cached is None or cached[0] != version:
-            weight = module.weight.detach()
-            packed = (_onednn_pack(weight) if self.dtype == torch.bfloat16
-                      else torch.ops.mkl._mkl_reorder_linear_weight(weight, 16))  # 16: a batch-size hint only
-            cached = (version, packed)
+            cached = (version, _onednn_pack(module.weight.detach()))
             self._packed[module] = cached
         return cached[1]
 
@@ -242,7 +239,7 @@ class PackedLinears:
         for module in self.layers:
             packed = self._pack(module)
             module.forward = (partial(_onednn_linear, packed, module.bias) if self.dtype == torch.bfloat16
-                              else partial(_mkl_linear, module, packed))
+                              else partial(_onednn_float32_linear, module, packed))
         return self
 
     def disable(self) -> None:

@@ -9,7 +9,7 @@ cycle, as labelled in :mod:`dflash2_hf.decoding` (``dflash2.draft``, ``dflash2.s
 ``dflash2.verify_decide``, ``dflash2.cache_crop``, ``dflash2.emit``, ``dflash2.context``, and the fallback's
 ``dflash2.plain_step``); what no label covers is
 the loop's own Python work. Plain decoding of the same prompt is timed in the same run for scale (with
-``--packed-linears``, both run on packed linears (bf16: oneDNN, float32: MKL;
+``--packed-linears``, both run on packed linears (oneDNN, bf16 or float32;
 :class:`dflash2_hf.cpu_kernels.PackedLinears`); with
 ``--exact-attention``, the target runs the float64 attention of :mod:`dflash2_hf.exact_attention` in both). Prints a
 Markdown table and writes the numbers as JSON.
@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--block-size", type=int)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--packed-linears", action="store_true",
-                        help="linear weights packed once (bf16: oneDNN, float32: MKL)")
+                        help="linear weights packed once (oneDNN, bf16 or float32)")
     parser.add_argument("--exact-attention", action="store_true",
                         help="bf16 only: the target's attention in float64, for ours and plain decoding alike")
     parser.add_argument("--out", default="profile.json")

@@ -10,7 +10,8 @@ from dflash2_hf import cpu_kernels
 from dflash2_hf.cpu_kernels import PackedLinears, fastest_exact_setting, packed_linears_supported
 
 PROMPT = torch.tensor([[5, 17, 33, 2, 71, 8]])
-needs_mkl = pytest.mark.skipif(not packed_linears_supported(torch.float32), reason="this PyTorch has no MKL")
+needs_onednn_float32 = pytest.mark.skipif(not packed_linears_supported(torch.float32),
+                                          reason="this PyTorch has no oneDNN")
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +90,7 @@ def test_weights_of_mixed_dtypes_are_refused_by_layer_name(bf16_target):
         PackedLinears(bf16_target, tiny_target("qwen3", seed=1))
 
 
-@needs_mkl
+@needs_onednn_float32
 @pytest.mark.parametrize("rows", [1, 5, 25])
 def test_packed_float32_layers_keep_one_row_bit_for_bit_and_wider_inputs_within_rounding(rows):
     target, drafter = tiny_target("qwen2", seed=2), tiny_drafter("dflash2", seed=4)  # Qwen2: biased projections
@@ -105,7 +106,7 @@ def test_packed_float32_layers_keep_one_row_bit_for_bit_and_wider_inputs_within_
         assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(plain, packed))
 
 
-@needs_mkl
+@needs_onednn_float32
 @pytest.mark.parametrize("tree_nodes", [0, 6])
 def test_decoding_on_packed_float32_linears_gives_plain_decodings_tokens(tree_nodes):
     target, drafter = tiny_target("qwen3", seed=1), tiny_drafter("dflash2", seed=4)
@@ -295,7 +296,7 @@ def test_smollm2_decodes_the_same_tokens_with_its_drafter_on_packed_bf16_linears
         assert torch.equal(target.generate(prompt, max_new_tokens=48, do_sample=False, assistant_model=drafter), ours)
 
 
-@needs_mkl
+@needs_onednn_float32
 @pytest.mark.slow
 def test_smollm2_decodes_plain_decodings_tokens_on_packed_float32_linears():
     """The real SmolLM2-135M and its shipped drafter in float32, one HumanEval and one MT-Bench prompt: plain decoding
