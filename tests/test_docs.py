@@ -383,6 +383,9 @@ DOCUMENTED_COMMANDS = {
     "dflash2-hf bench --prompts humaneval --per-source 6 --temperatures 0 --max-new-tokens 128 "
     "--threads 2 --paths greedy --dtype float32 --packed-linears --out docs/results/epyc-avx2-fp32-onednn":
         "tests/test_cli.py::test_bench_packed_float32_linears_run_the_default_and_every_method_also_packed",
+    "dflash2-hf bench --prompts humaneval --per-source 12 --temperatures 0 --max-new-tokens 128 "
+    "--threads 2 --paths greedy --dtype float32 --packed-linears --out docs/results/epyc-avx2-fp32-onednn-12":
+        "tests/test_cli.py::test_bench_packed_float32_linears_run_the_default_and_every_method_also_packed",
     # docs/results.md: the current runs on a CPU with AMX (fp32 and bf16 packed twins, bf16 with the exact attention).
     "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 3 --temperatures 0 --max-new-tokens 128 "
     "--threads 2 --paths greedy --dtype float32 --packed-linears --out docs/results/xeon-amx-fp32":
