@@ -294,7 +294,8 @@ def check_bf16_cpu_options(args: argparse.Namespace, command: str) -> None:
         raise SystemExit(f"{command}: {' and '.join(bf16)} need a CPU whose bf16 matmuls run through "
                          "oneDNN (AVX512-BF16 or AMX); this one has neither.")
     if args.packed_linears and args.dtype == "float32" and not packed_linears_supported(torch.float32):
-        raise SystemExit(f"{command}: --packed-linears in float32 needs PyTorch built with oneDNN (mkldnn); this one has none.")
+        raise SystemExit(f"{command}: --packed-linears in float32 needs PyTorch built with oneDNN (mkldnn); "
+                         "this one has none.")
 
 
 def refuse_below(command: str, flag: str, values: float | list[float] | None, minimum: int, meaning: str = "") -> None:

@@ -159,7 +159,8 @@ def fastest_exact_setting() -> ExactSetting:
     block's rows as they would round them alone, bf16 on packed oneDNN linears with the float64 attention (a block
     costs about one token to verify, and the attention makes it exact). Otherwise float32, which is exact as it is:
     bf16 would be emulated and slower, or its blocks would round differently from one-token steps. float32 linears
-    run on oneDNN-packed weights where PyTorch has oneDNN. ``docs/results.md`` has the measurements behind the choices."""
+    run on oneDNN-packed weights where PyTorch has oneDNN. ``docs/results.md`` has the measurements behind the
+    choices."""
     if exact_bf16_supported():
         return ExactSetting("bfloat16", True, True, "this CPU multiplies bf16 in hardware (AVX512-BF16/AMX), where "
                             "a bf16 block costs about one token to verify; the float64 attention keeps it exact")

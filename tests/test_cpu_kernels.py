@@ -1,6 +1,7 @@
-"""Packed linears: bf16 ones compute what the plain layers compute, bit for bit; float32 ones keep one-row steps
-bit for bit and wider inputs within float32 rounding, and decode plain decoding's tokens; both switch on and off
-cleanly. The CPU facts that choose the fastest exact setting are read from the CPU itself."""
+"""Packed linears: bf16 ones give one-row steps what the plain layers give, bit for bit, and blocks too where a
+block's rows round as each row alone; float32 ones keep one-row steps bit for bit and wider inputs within float32
+rounding, and decode plain decoding's tokens; both switch on and off cleanly. The CPU facts that choose the fastest
+exact setting are read from the CPU itself."""
 
 import pytest
 import torch
