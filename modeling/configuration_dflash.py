@@ -15,10 +15,16 @@ too. This file only imports torch/transformers so it can ship next to the weight
 
 from __future__ import annotations
 
+import math
 import os
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
+import torch
 from transformers import PreTrainedConfig
+from transformers.activations import ACT2FN
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 #: Fields that configure drafting (as opposed to the transformer body); serialised under ``dflash_config``.
 DFLASH_FIELDS = (
@@ -39,6 +45,169 @@ DFLASH_FIELDS = (
 #: ``model_type`` values of published drafter configs that this class reads.
 KNOWN_SOURCE_MODEL_TYPES = ("dflash", "qwen3", "muse_glimmer_assistant")
 KNOWN_ARCHITECTURES = ("DFlashDraftModel", "DFlash2DraftModel", "MuseGlimmerAssistantModel")
+
+#: Largest ``block_size`` accepted: a block is drafted in one drafter forward and verified in one target forward.
+MAX_BLOCK_SIZE = 256
+#: Most drafter layers accepted (drafters have a few; ``layer_types`` is built with one entry per layer at load).
+MAX_DRAFTER_LAYERS = 1024
+#: ``PathStrategy`` values of ``dflash2_hf.lattice`` (copied: this file ships alone as Hub remote code).
+PATH_STRATEGIES = ("argmax", "greedy", "viterbi", "expected")
+#: Attention kinds a drafter layer has; ``attention`` is transformers' legacy name of ``full_attention``.
+LAYER_TYPES = ("full_attention", "sliding_attention", "attention")
+#: What a JSON document's top level is, by the Python type ``json`` reads it as.
+JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+#: Fields that reach ``__post_init__`` as keyword arguments, not attributes: the nested drafting fields and a config
+#: file's legacy keys.
+KWARG_FIELDS = ("dflash_config", "rope_scaling", "rope_theta", "torch_dtype", "use_sliding_window")
+
+
+@dataclass(frozen=True)
+class FieldRule:
+    """The values one config field accepts, so that every field is checked by the same few rules.
+
+    ``kind`` is the sort of value (``int`` never accepts a bool; ``number`` is a finite int or float); ``low`` and
+    ``high`` bound a number or each entry of an ``int_list`` (excluded when ``strict_low`` / ``strict_high``);
+    ``names`` are the strings a ``name`` or ``name_list`` accepts; ``optional`` accepts null; ``note`` says why.
+    """
+
+    kind: Literal["int", "number", "bool", "name", "int_list", "name_list", "token_ids", "dict", "dtype"]
+    low: float | None = None
+    high: float | None = None
+    strict_low: bool = False
+    strict_high: bool = False
+    names: tuple[str, ...] = ()
+    optional: bool = False
+    note: str = ""
+
+    def accepts(self, value: Any) -> bool:
+        """Whether ``value`` is of this rule's kind and within its bounds."""
+        if value is None:
+            return self.optional
+        if self.kind == "int":
+            return _is_int(value) and self._in_range(value)
+        if self.kind == "number":
+            return _is_number(value) and math.isfinite(value) and self._in_range(value)
+        if self.kind == "bool":
+            return isinstance(value, bool)
+        if self.kind == "name":
+            return isinstance(value, str) and value in self.names
+        if self.kind == "int_list":
+            return _is_list(value) and len(value) > 0 and all(_is_int(v) and self._in_range(v) for v in value)
+        if self.kind == "name_list":
+            return _is_list(value) and all(isinstance(v, str) and v in self.names for v in value)
+        if self.kind == "token_ids":
+            return _is_int(value) or (_is_list(value) and all(_is_int(v) for v in value))
+        if self.kind == "dict":
+            return isinstance(value, dict)
+        named = isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype)
+        return named or isinstance(value, torch.dtype)
+
+    def describe(self) -> str:
+        """What the rule accepts, in words, for the error message."""
+        bounds = " and ".join(part for part in (
+            None if self.low is None else f"{'>' if self.strict_low else '>='} {self.low}",
+            None if self.high is None else f"{'<' if self.strict_high else '<='} {self.high}",
+        ) if part)
+        names = ", ".join(repr(name) for name in self.names)
+        text = {
+            "int": f"an integer {bounds}", "number": f"a finite number {bounds}", "bool": "true or false",
+            "name": f"one of {names}", "int_list": f"a non-empty list of integers {bounds}",
+            "name_list": f"a list of names among {names}", "token_ids": "a token id or a list of token ids",
+            "dict": "an object", "dtype": "the name of a torch dtype (such as 'bfloat16')",
+        }[self.kind].rstrip()
+        return text + (" or null" if self.optional else "") + (f" ({self.note})" if self.note else "")
+
+    def _in_range(self, value: float) -> bool:
+        """Whether ``value`` lies within ``low`` and ``high``."""
+        above = self.low is None or (value > self.low if self.strict_low else value >= self.low)
+        below = self.high is None or (value < self.high if self.strict_high else value <= self.high)
+        return above and below
+
+
+def _is_int(value: Any) -> bool:
+    """An integer that is not a bool (``True`` is an ``int`` to Python, never a count or an id in a config)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    """An int or a float that is not a bool (a JSON number, written with or without a decimal point)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_list(value: Any) -> bool:
+    """A JSON array (a tuple, too, from Python callers)."""
+    return isinstance(value, (list, tuple))
+
+
+_COUNT = FieldRule("int", low=1)
+_OPTIONAL_COUNT = FieldRule("int", low=1, optional=True)
+_TOKEN_ID = FieldRule("int", optional=True)
+_FLAG = FieldRule("bool")
+_POSITIVE = FieldRule("number", low=0, strict_low=True)
+
+#: One rule per field the drafter code, ``generate`` or transformers reads from a drafter config.
+FIELD_RULES: dict[str, FieldRule] = {
+    "dflash_config": FieldRule("dict", optional=True, note="the drafting fields"),
+    "architectures": FieldRule("name_list", names=KNOWN_ARCHITECTURES, optional=True),
+    "dtype": FieldRule("dtype", optional=True),
+    "torch_dtype": FieldRule("dtype", optional=True),
+    "vocab_size": _OPTIONAL_COUNT,
+    "hidden_size": _COUNT,
+    "intermediate_size": _COUNT,
+    "num_hidden_layers": FieldRule("int", low=1, high=MAX_DRAFTER_LAYERS, note="layers of the drafter"),
+    "num_attention_heads": _COUNT,
+    "num_key_value_heads": _OPTIONAL_COUNT,
+    "head_dim": _OPTIONAL_COUNT,
+    "hidden_act": FieldRule("name", names=tuple(sorted(ACT2FN))),
+    "max_position_embeddings": _COUNT,
+    "initializer_range": FieldRule("number", low=0),
+    "rms_norm_eps": _POSITIVE,
+    "rope_parameters": FieldRule("dict", optional=True),
+    "rope_scaling": FieldRule("dict", optional=True),
+    "rope_theta": replace(_POSITIVE, optional=True),
+    "attention_bias": _FLAG,
+    "attention_dropout": FieldRule("number", low=0, high=1, strict_high=True),
+    "sliding_window": _OPTIONAL_COUNT,
+    "use_sliding_window": FieldRule("bool", optional=True),
+    "layer_types": FieldRule("name_list", names=LAYER_TYPES, optional=True),
+    "is_causal": _FLAG,
+    "tie_word_embeddings": _FLAG,
+    "num_target_layers": _OPTIONAL_COUNT,
+    "pad_token_id": _TOKEN_ID,
+    "bos_token_id": _TOKEN_ID,
+    "eos_token_id": FieldRule("token_ids", optional=True),
+    "block_size": FieldRule("int", low=2, high=MAX_BLOCK_SIZE,
+                            note="tokens per block, the anchor included; a block is drafted in one forward and "
+                                 "verified in one"),
+    "mask_token_id": FieldRule("int", low=0, optional=True),
+    "target_layer_ids": FieldRule("int_list", low=0, optional=True),
+    "conv_kernel_size": _OPTIONAL_COUNT,
+    "conv_group_size": _OPTIONAL_COUNT,
+    "selector_rank": _OPTIONAL_COUNT,
+    "selector_top_k": _COUNT,
+    "selector_factorised": _FLAG,
+    "output_multiplier": FieldRule("number"),
+    "final_logit_softcapping": replace(_POSITIVE, optional=True),
+    "input_embedding_scale": FieldRule("number"),
+    "default_path_strategy": FieldRule("name", names=PATH_STRATEGIES, optional=True),
+    "default_tree_nodes": FieldRule("int", low=0),
+    "default_adaptive_block": _FLAG,
+    "default_lookup_tokens": FieldRule("int", low=0),
+    "default_plain_fallback": _FLAG,
+}
+
+
+def field_problems(values: Mapping[str, Any]) -> list[str]:
+    """One message per field of ``values`` that its rule in :data:`FIELD_RULES` refuses, naming field and value."""
+    return [f"{name} must be {rule.describe()}, got {values[name]!r}"
+            for name, rule in FIELD_RULES.items() if name in values and not rule.accepts(values[name])]
+
+
+def raise_if_invalid(problems: list[str], source: str | os.PathLike = "") -> None:
+    """Raise one ``ValueError`` listing every problem found (``source``: the file they were found in), if any."""
+    if problems:
+        where = f" at {source}" if source else ""
+        raise ValueError(f"Invalid DFlash drafter config{where}: " + "; ".join(problems) + ".")
 
 
 class DFlashConfig(PreTrainedConfig):
@@ -118,11 +287,14 @@ class DFlashConfig(PreTrainedConfig):
     default_plain_fallback: bool = True
 
     def __post_init__(self, **kwargs: Any) -> None:
-        nested = kwargs.pop("dflash_config", None) or {}
-        for name, value in nested.items():
-            if name not in DFLASH_FIELDS:
-                raise ValueError(f"Unknown field {name!r} in `dflash_config`; known fields: {', '.join(DFLASH_FIELDS)}.")
-            setattr(self, name, value)
+        """Check every field before anything is derived from it, derive the missing ones, then check them together.
+
+        A value of the wrong kind or out of range is named here, at load, instead of failing (or hanging) later in
+        the model or in ``generate``.
+        """
+        self._apply_nested(kwargs.pop("dflash_config", None))
+        values = {name: getattr(self, name) for name in FIELD_RULES if name not in KWARG_FIELDS}
+        raise_if_invalid(field_problems(values | {name: kwargs[name] for name in KWARG_FIELDS if name in kwargs}))
         if kwargs.pop("use_sliding_window", True) is False:
             self.sliding_window = None
         for legacy in ("max_window_layers", "use_cache"):
@@ -139,6 +311,28 @@ class DFlashConfig(PreTrainedConfig):
         super().__post_init__(**kwargs)
         self._check_consistency()
 
+    def _apply_nested(self, nested: Any) -> None:
+        """Set the fields of a ``dflash_config`` object as attributes; refuse one that is not an object of them."""
+        raise_if_invalid(field_problems({"dflash_config": nested}))
+        for name, value in (nested or {}).items():
+            if name not in DFLASH_FIELDS:
+                raise ValueError(f"Unknown field {name!r} in `dflash_config`; known fields: {', '.join(DFLASH_FIELDS)}.")
+            setattr(self, name, value)
+
+    @classmethod
+    def _dict_from_json_file(cls, json_file: str | os.PathLike) -> dict[str, Any]:
+        """Read a config file, refusing one whose top level is not a JSON object (a list, a string, a number).
+
+        transformers reads such a file without complaint and then fails on it with an ``AttributeError`` or a
+        ``TypeError`` that does not name the file.
+        """
+        config_dict = super()._dict_from_json_file(json_file)
+        if not isinstance(config_dict, dict):
+            kind = JSON_KINDS.get(type(config_dict), type(config_dict).__name__)
+            raise ValueError(f"{json_file} holds a JSON {kind}, not an object: a drafter's config.json is one object "
+                             "of fields, as save_pretrained writes it.")
+        return config_dict
+
     @classmethod
     def get_config_dict(cls, pretrained_model_name_or_path: Any, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         """Read a config file and accept it only if it describes a drafter layout this class knows.
@@ -151,13 +345,15 @@ class DFlashConfig(PreTrainedConfig):
         config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
         model_type = config_dict.get("model_type", cls.model_type)
         architectures = config_dict.get("architectures") or []
-        unknown = [name for name in architectures if name not in KNOWN_ARCHITECTURES]
+        unknown = [name for name in (architectures if _is_list(architectures) else [architectures])
+                   if name not in KNOWN_ARCHITECTURES]
         if model_type not in KNOWN_SOURCE_MODEL_TYPES or unknown:
             raise ValueError(
                 f"{pretrained_model_name_or_path} is not a DFlash drafter config (model_type={model_type!r}, "
                 f"architectures={architectures}); known architectures: {', '.join(KNOWN_ARCHITECTURES)}."
             )
         nested = config_dict.get("dflash_config")
+        raise_if_invalid(field_problems({"dflash_config": nested}), pretrained_model_name_or_path)
         if nested is None and "target_layer_ids" not in config_dict:
             raise ValueError(
                 f"The config.json at {pretrained_model_name_or_path} has no `dflash_config`: the drafting fields "
@@ -169,6 +365,7 @@ class DFlashConfig(PreTrainedConfig):
                 f"The config.json at {pretrained_model_name_or_path} has no target_layer_ids (the target layers whose "
                 "hidden states the drafter reads). Use the config.json saved with the drafter's weights."
             )
+        raise_if_invalid(field_problems({**config_dict, **(nested or {})}), pretrained_model_name_or_path)
         return {**config_dict, "model_type": cls.model_type}, kwargs
 
     @property
@@ -177,37 +374,71 @@ class DFlashConfig(PreTrainedConfig):
         return self.selector_rank is not None
 
     def _check_consistency(self) -> None:
+        """Raise one ``ValueError`` naming every field that does not fit the others (each is valid on its own)."""
+        raise_if_invalid(self._layout_problems() + self._drafting_problems() + self._rope_problems())
+
+    def _layout_problems(self) -> list[str]:
+        """Problems of the transformer body: derived head size, layer types, head grouping, convolution groups."""
         problems = []
-        if self.block_size is None or int(self.block_size) < 2:
-            problems.append(f"block_size must be >= 2, got {self.block_size}")
-        if not self.target_layer_ids:
-            problems.append("target_layer_ids is missing (or num_target_layers to derive it)")
-        elif any(int(i) < 0 for i in self.target_layer_ids):
-            problems.append(f"target_layer_ids must be non-negative, got {self.target_layer_ids}")
+        if self.head_dim < 1 or self.head_dim % 2:
+            problems.append(f"head_dim (hidden_size // num_attention_heads when not given) must be an even integer "
+                            f">= 2 (rotary embeddings rotate pairs of channels), got {self.head_dim}")
         if len(self.layer_types) != self.num_hidden_layers:
-            problems.append(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
-        unknown = set(self.layer_types) - {"full_attention", "sliding_attention"}
-        if unknown:
-            problems.append(f"unsupported layer_types {sorted(unknown)}")
+            problems.append(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers, "
+                            f"got {self.layer_types!r}")
         if "sliding_attention" in self.layer_types and not self.sliding_window:
             problems.append("layer_types has sliding_attention layers but sliding_window is not set")
         if self.num_attention_heads % self.num_key_value_heads:
-            problems.append("num_attention_heads must be a multiple of num_key_value_heads")
+            problems.append(f"num_attention_heads must be a multiple of num_key_value_heads, got "
+                            f"{self.num_attention_heads} and {self.num_key_value_heads}")
         if (self.conv_kernel_size is None) != (self.conv_group_size is None):
-            problems.append("conv_kernel_size and conv_group_size must be set together")
-        if self.conv_group_size is not None and self.hidden_size % int(self.conv_group_size):
+            problems.append(f"conv_kernel_size and conv_group_size must be set together, got "
+                            f"{self.conv_kernel_size!r} and {self.conv_group_size!r}")
+        if self.conv_group_size is not None and self.hidden_size % self.conv_group_size:
             problems.append(f"hidden_size {self.hidden_size} is not a multiple of conv_group_size {self.conv_group_size}")
-        if self.selector_rank is not None:
-            if self.vocab_size is None:
-                problems.append("a candidate selector (selector_rank) needs vocab_size")
-            if int(self.selector_top_k) < 1:
-                problems.append(f"selector_top_k must be >= 1, got {self.selector_top_k}")
-        if not isinstance(self.selector_factorised, bool):
-            problems.append(f"selector_factorised must be true or false, got {self.selector_factorised!r}")
-        elif self.selector_factorised and self.selector_rank is None:
+        return problems
+
+    def _drafting_problems(self) -> list[str]:
+        """Problems of the drafting fields: target taps, token ids within the vocabulary, selector, ``generate``
+        defaults that a call would refuse."""
+        problems = []
+        if not self.target_layer_ids:
+            problems.append("target_layer_ids is missing (or num_target_layers to derive it)")
+        vocab = self.vocab_size
+        if vocab is not None and self.mask_token_id is not None and self.mask_token_id >= vocab:
+            problems.append(f"mask_token_id must be < vocab_size {vocab}, got {self.mask_token_id}")
+        if vocab is not None and self.selector_top_k > vocab:
+            problems.append(f"selector_top_k must be <= vocab_size {vocab}, got {self.selector_top_k}")
+        if self.selector_rank is not None and vocab is None:
+            problems.append("a candidate selector (selector_rank) needs vocab_size")
+        if self.selector_factorised and self.selector_rank is None:
             problems.append("selector_factorised needs a candidate selector (selector_rank)")
-        if problems:
-            raise ValueError("Invalid DFlash drafter config: " + "; ".join(problems) + ".")
+        if self.default_path_strategy not in (None, "argmax") and self.selector_rank is None:
+            problems.append(f"default_path_strategy {self.default_path_strategy!r} needs a DFlash 2 drafter (a "
+                            "candidate selector, selector_rank); DFlash v1 drafts with 'argmax'")
+        branches = _lattice_branches(self.block_size, self.selector_top_k, enough=self.default_tree_nodes)
+        if self.default_tree_nodes > branches:
+            problems.append(f"default_tree_nodes must be at most {branches}, the branches a lattice of "
+                            f"{self.block_size - 1} drafted positions by {self.selector_top_k} candidates holds, "
+                            f"got {self.default_tree_nodes}")
+        return problems
+
+    def _rope_problems(self) -> list[str]:
+        """Problems of ``rope_parameters`` as transformers standardised them: a rotary type the drafter's rotary
+        embedding knows, a positive base, and the keys that type needs (checked by transformers)."""
+        rope = self.rope_parameters
+        rope_types = ("default", *ROPE_INIT_FUNCTIONS)
+        if not isinstance(rope, dict) or rope.get("rope_type") not in rope_types:
+            return [f"rope_parameters must be an object whose rope_type is one of {', '.join(map(repr, rope_types))}, "
+                    f"got {rope!r}"]
+        theta = rope.get("rope_theta")
+        problems = [] if _POSITIVE.accepts(theta) else [
+            f"rope_parameters' rope_theta must be {_POSITIVE.describe()}, got {theta!r}"]
+        try:
+            self.validate_rope()
+        except (KeyError, TypeError, ValueError) as error:
+            problems.append(f"rope_parameters {rope!r}: {error}")
+        return problems
 
     def check_fits_target(self, target_config: PreTrainedConfig, target_vocab_size: int | None = None) -> None:
         """Raise ``ValueError`` naming every reason this drafter cannot draft for a target with ``target_config``.
@@ -263,6 +494,18 @@ def _check_local_source(path: Any, subfolder: str = "") -> None:
             or (len(parts) == 2 and os.path.isdir(parts[0]))):
         raise FileNotFoundError(f"{location} does not exist. Pass a drafter folder (with the config.json and "
                                 "model.safetensors that save_pretrained writes) or a Hub repo id.")
+
+
+def _lattice_branches(block_size: int, top_k: int, enough: int) -> int:
+    """The branches a lattice of ``block_size - 1`` drafted positions by ``top_k`` candidates holds (what bounds a
+    token tree's nodes), counted only until they exceed ``enough`` so that a huge lattice costs nothing."""
+    branches, level = 0, 1
+    for _ in range(block_size - 1):
+        level *= top_k
+        branches += level
+        if branches > enough:
+            break
+    return branches
 
 
 def spread_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
