@@ -2,14 +2,16 @@
 
 Importing the package registers the drafter with the transformers Auto classes, so ``AutoConfig`` and ``AutoModel``
 load saved drafter folders without ``trust_remote_code``, and lets ``target.generate(assistant_model=drafter)`` run
-DFlash decoding (see :mod:`dflash2_hf.hooks`).
+DFlash decoding, as does the public seam ``target.generate(custom_generate=dflash2_hf.custom_generate,
+drafter=drafter)`` (see :mod:`dflash2_hf.integration`).
 """
 
 from transformers import AutoConfig, AutoModel
 
-from . import hooks
+from . import integration
 from .block_length import CycleCost
 from .decoding import DFlashGenerateOutput, DFlashStats
+from .integration import custom_generate
 from .lattice import PathStrategy
 from .modeling import (
     CandidateSelector,
@@ -21,7 +23,7 @@ from .modeling import (
 
 AutoConfig.register(DFlashConfig.model_type, DFlashConfig, exist_ok=True)
 AutoModel.register(DFlashConfig, DFlashDraftModel, exist_ok=True)
-hooks.install()
+integration.install()
 
 __version__ = "0.1.0"
 
@@ -36,4 +38,5 @@ __all__ = [
     "DrafterLoadError",
     "PathStrategy",
     "__version__",
+    "custom_generate",
 ]

@@ -27,6 +27,7 @@ MODULES = [
     "tree",
     "context_lookup",
     "tree_decoding",
+    "integration",
     "cpu_kernels",
     "exact_attention",
     "drafter_setup",

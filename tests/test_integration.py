@@ -11,13 +11,14 @@ from transformers import AutoModelForCausalLM
 from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
 from transformers.generation.utils import GENERATION_MODES_MAPPING, GenerationMixin, GenerationMode
 
-from dflash2_hf import DFlashDraftModel, decoding, hooks
+import dflash2_hf
+from dflash2_hf import DFlashDraftModel, decoding, integration
 from dflash2_hf.drafting import BlockDrafter
 
 
 def test_transformers_still_routes_assisted_generation_through_the_wrapped_method():
     assert GENERATION_MODES_MAPPING[GenerationMode.ASSISTED_GENERATION] == "_assisted_decoding"
-    for name in hooks.PATCHED_METHODS:
+    for name in integration.PATCHED_METHODS:
         assert getattr(getattr(GenerationMixin, name), "__dflash2_hf__", False), name
 
 
@@ -114,3 +115,66 @@ def test_drafts_and_output_equal_the_reference_package_every_cycle(monkeypatch, 
     reference = golden[f"{name}.greedy_drafts"].tolist()
     assert len(full) >= 10
     assert full == reference[: len(full)]
+
+
+@pytest.fixture
+def public_seam_only():
+    """The assistant route taken out: every GenerationMixin method as transformers defines it."""
+    integration.uninstall()
+    assert not any(getattr(GenerationMixin.__dict__.get(name), "__dflash2_hf__", False)
+                   for name in (*integration.PATCHED_METHODS, "generate"))
+    yield
+    integration.install()
+
+
+@pytest.mark.parametrize(("arch", "kind", "options"), [
+    ("qwen3", "dflash2", {}),
+    ("llama", "dflash", {}),
+    ("qwen2", "dflash2", {"dflash_tree_nodes": 6, "dflash_lookup_tokens": 3}),
+    ("qwen3", "dflash2", {"dflash_path": "viterbi", "dflash_block_size": 4}),
+])
+def test_the_public_seam_is_token_identical_to_plain_greedy_with_nothing_private_rewritten(
+        public_seam_only, arch, kind, options):
+    target, drafter = tiny_target(arch), tiny_drafter(kind)
+    inputs = torch.randint(0, 90, (1, 12), generator=torch.Generator().manual_seed(3))
+    expected = target.generate(inputs, max_new_tokens=40, do_sample=False)
+    output = target.generate(inputs, max_new_tokens=40, do_sample=False, return_dict_in_generate=True,
+                             custom_generate=dflash2_hf.custom_generate, drafter=drafter, **options)
+    assert torch.equal(output.sequences, expected)
+    assert output.dflash_stats.new_tokens == 40 and output.dflash_stats.cycles > 0
+
+
+def test_the_public_seam_without_a_drafter_says_what_to_pass(public_seam_only):
+    with pytest.raises(ValueError, match="needs the drafter: pass drafter="):
+        tiny_target("qwen3").generate(torch.tensor([[5, 6, 7]]), max_new_tokens=3,
+                                      custom_generate=dflash2_hf.custom_generate)
+
+
+def test_the_public_seam_refuses_a_misspelt_option_as_generate_does(public_seam_only):
+    with pytest.raises(ValueError, match="dflash_tree_node"):
+        tiny_target("qwen3").generate(torch.tensor([[5, 6, 7]]), max_new_tokens=3, drafter=tiny_drafter("dflash2"),
+                                      custom_generate=dflash2_hf.custom_generate, dflash_tree_node=4)
+
+
+def test_an_unknown_transformers_release_refuses_the_assistant_route_and_names_the_public_seam():
+    target, drafter = tiny_target("qwen3"), tiny_drafter("dflash2")
+    inputs = torch.tensor([[5, 6, 7, 8]])
+    integration.uninstall()
+    integration.install(release=(5, 99))
+    try:
+        assert not any(getattr(GenerationMixin.__dict__.get(name), "__dflash2_hf__", False)
+                       for name in integration.PATCHED_METHODS), "nothing private is touched on an unknown release"
+        with pytest.raises(ValueError, match=r"5\.24, 5\.25; this is 5\.99.*custom_generate=dflash2_hf.custom_generate"):
+            target.generate(inputs, max_new_tokens=5, do_sample=False, assistant_model=drafter)
+        expected = target.generate(inputs, max_new_tokens=5, do_sample=False)
+        seam = target.generate(inputs, max_new_tokens=5, do_sample=False, custom_generate=dflash2_hf.custom_generate,
+                               drafter=drafter)
+        assert torch.equal(seam, expected)
+    finally:
+        integration.uninstall()
+        integration.install()
+
+
+def test_the_installed_transformers_is_a_supported_release():
+    assert integration.transformers_release() in integration.SUPPORTED_TRANSFORMERS
+    assert integration.transformers_release("5.25.0.dev0") == (5, 25)

@@ -150,9 +150,9 @@ def test_a_bad_plain_fallback_value_is_refused_before_work(target, drafter):
 
 @pytest.mark.parametrize("native", [False, True])
 def test_bf16_on_a_cpu_without_bf16_instructions_warns_and_names_float32(monkeypatch, native):
-    from dflash2_hf import hooks
+    from dflash2_hf import integration
 
-    monkeypatch.setattr(hooks, "native_bf16_matmuls", lambda: native)
+    monkeypatch.setattr(integration, "native_bf16_matmuls", lambda: native)
     target = tiny_target("qwen3", seed=1).to(torch.bfloat16)
     drafter = tiny_drafter("dflash2", seed=0).to(torch.bfloat16)
     with warnings.catch_warnings(record=True) as caught:

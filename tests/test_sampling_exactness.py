@@ -27,6 +27,7 @@ import torch
 from conftest import steep_cost, tiny_drafter, tiny_target
 from scipy.stats import chisquare
 
+import dflash2_hf
 from dflash2_hf import decoding, tree_decoding
 from dflash2_hf.block_length import CycleCost
 from dflash2_hf.lattice import path_confidences
@@ -75,17 +76,19 @@ def _without_top_k(settings):
 
 
 def sample_with_drafter(target, drafter, settings, seed=0, **dflash_kwargs) -> tuple[list[tuple[int, ...]], list[int]]:
-    """N continuations sampled with the drafter, and the acceptance length of every cycle (or, with
+    """N continuations sampled with the drafter (``seam=True``: through ``custom_generate``), and the acceptance length of every cycle (or, with
     ``statistic="verified_lengths"``, the drafted tokens each cycle verified; ``"plain_steps"``, each generation's
     count of plain steps)."""
     statistic = dflash_kwargs.pop("statistic", "acceptance_lengths")
+    route = ({"custom_generate": dflash2_hf.custom_generate, "drafter": drafter} if dflash_kwargs.pop("seam", False)
+             else {"assistant_model": drafter})
     torch.manual_seed(seed)
     draws, per_cycle = [], []
     for _ in range(SAMPLES):
-        out = target.generate(PROMPT, max_new_tokens=NEW_TOKENS, do_sample=True, assistant_model=drafter,
-                              top_k=settings.get("top_k", 0), **_without_top_k(settings), **dflash_kwargs)
-        draws.append(tuple(out[0, PROMPT.shape[1]:].tolist()))
-        recorded = getattr(drafter.last_generation_stats, statistic)
+        out = target.generate(PROMPT, max_new_tokens=NEW_TOKENS, do_sample=True, return_dict_in_generate=True,
+                              top_k=settings.get("top_k", 0), **_without_top_k(settings), **route, **dflash_kwargs)
+        draws.append(tuple(out.sequences[0, PROMPT.shape[1]:].tolist()))
+        recorded = getattr(out.dflash_stats, statistic)
         per_cycle += recorded if isinstance(recorded, list) else [recorded]
     return draws, per_cycle
 
@@ -122,6 +125,19 @@ def test_sampled_continuations_follow_the_target_distribution(models, setting, m
 
     monkeypatch.setattr(decoding, "verify_sampled", accept_every_draft)
     control, _ = sample_with_drafter(target, drafter, settings)
+    assert goodness_of_fit(control, exact) < 1e-6, "the test must be able to detect a biased decoder"
+
+
+def test_the_public_seam_samples_the_target_distribution(models, monkeypatch):
+    target, drafter = models
+    settings = SETTINGS["temperature 1.3, top-p 0.8, repetition penalty 1.5"]
+    exact = exact_distribution(target, settings)
+    draws, acceptance = sample_with_drafter(target, drafter, settings, seam=True)
+    assert {1, 2, 3} <= set(acceptance)
+    assert goodness_of_fit(draws, exact) > 1e-3
+
+    monkeypatch.setattr(decoding, "verify_sampled", accept_every_draft)
+    control, _ = sample_with_drafter(target, drafter, settings, seam=True)
     assert goodness_of_fit(control, exact) < 1e-6, "the test must be able to detect a biased decoder"
 
 

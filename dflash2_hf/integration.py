@@ -1,0 +1,295 @@
+"""Where DFlash decoding meets transformers' ``generate``: two entries, one decoder.
+
+* **The supported seam**: ``target.generate(**inputs, custom_generate=dflash2_hf.custom_generate, drafter=drafter)``.
+  transformers prepares the generation config, logits processors, stopping criteria and cache as for any decoding
+  method, hands :func:`custom_generate` the keyword arguments its signature names (``drafter`` and the ``dflash_*``
+  options), and nothing of transformers is rewritten. transformers (5.24, 5.25) does not pass a ``custom_generate``
+  callable the ``streamer`` or the ``tokenizer`` that stop strings need: with this entry pass stop strings as
+  ``stopping_criteria=[StopStringCriteria(tokenizer, [...])]``; streaming needs the ``assistant_model`` entry.
+* **The assistant route**: ``target.generate(**inputs, assistant_model=drafter)``. transformers sends every
+  ``assistant_model`` to its assisted-generation loop, so importing ``dflash2_hf`` wraps three private
+  ``GenerationMixin`` methods (:data:`PATCHED_METHODS`), and only on the transformers versions this release was tested
+  with (:data:`SUPPORTED_TRANSFORMERS`): they take the ``dflash_*`` options out of the call, skip the checks meant for
+  classic draft LMs, and send a DFlash drafter to :func:`decode` (every other call goes to the originals untouched).
+  On any other version nothing private is touched: the public ``generate`` refuses a DFlash drafter as
+  ``assistant_model`` with a message naming the supported seam, rather than guess at private methods.
+
+Both entries end in :func:`decode`, which checks the whole request once, before any forward, then runs
+:class:`~dflash2_hf.decoding.DFlashDecoder` (or :class:`~dflash2_hf.tree_decoding.TreeDecoder`).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+import transformers
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers.generation.utils import GENERATION_MODES_MAPPING, GenerationMixin, GenerationMode
+
+from .cpu_kernels import native_bf16_matmuls
+from .decoding import DFlashDecoder, check_generation_arguments
+from .drafting import DraftOptions
+from .grouped_attention import grouped_attention
+from .modeling import DFlashDraftModel
+from .tree_decoding import TreeDecoder
+
+#: ``major.minor`` releases of transformers whose private generate methods the assistant route was tested against.
+SUPPORTED_TRANSFORMERS = ((5, 24), (5, 25))
+PATCHED_METHODS = ("_extract_generation_mode_kwargs", "_validate_generation_mode", "_assisted_decoding")
+OPTION_KWARGS = {
+    "dflash_path": "path",
+    "dflash_block_size": "block_size",
+    "dflash_top_k": "top_k",
+    "dflash_record_drafts": "record_drafts",
+    "dflash_adaptive_block": "adaptive_block",
+    "dflash_tree_nodes": "tree_nodes",
+    "dflash_lookup_tokens": "lookup_tokens",
+    "dflash_plain_fallback": "plain_fallback",
+}
+BF16_WITHOUT_HARDWARE = (
+    "This CPU has no bf16 matmul instructions (AVX512-BF16 or AMX), so a bf16 target verifies a drafted block at "
+    "several times the cost of one token here, and plain bf16 decoding is slow too. Load the target and drafter with "
+    "dtype=torch.float32: exact and faster on this CPU. (Decoding with the drafter falls back to plain steps wherever "
+    "drafting does not pay.)"
+)
+#: The cache layers whose rows DFlash decoding can crop and compact: transformers' dynamic full and sliding layers.
+CROPPABLE_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer)
+
+
+def is_drafter(model) -> bool:
+    """A DFlash drafter, bare or wrapped by PEFT (adapters active)."""
+    base = model.get_base_model() if hasattr(model, "peft_config") else model
+    return isinstance(base, DFlashDraftModel)
+
+
+def custom_generate(
+    model,
+    input_ids: torch.Tensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    *,
+    drafter: DFlashDraftModel | None = None,
+    dflash_path: str | None = None,
+    dflash_block_size: int | None = None,
+    dflash_top_k: int | None = None,
+    dflash_record_drafts: bool | None = None,
+    dflash_adaptive_block: object = None,
+    dflash_tree_nodes: int | None = None,
+    dflash_lookup_tokens: int | None = None,
+    dflash_plain_fallback: object = None,
+    **model_kwargs,
+):
+    """DFlash 2 decoding through transformers' public seam:
+    ``target.generate(**inputs, custom_generate=dflash2_hf.custom_generate, drafter=drafter, max_new_tokens=...)``.
+
+    ``drafter`` is a DFlash / DFlash 2 drafter for ``model``; the ``dflash_*`` options are those of the
+    ``assistant_model`` route (docs/generation.md). Returns what ``generate`` returns: the sequences, or with
+    ``return_dict_in_generate=True`` a :class:`~dflash2_hf.decoding.DFlashGenerateOutput` with the call's statistics.
+    """
+    if drafter is None:
+        raise ValueError("custom_generate=dflash2_hf.custom_generate needs the drafter: pass drafter=<a DFlash drafter "
+                         "loaded with DFlashDraftModel.from_pretrained>.")
+    options = {name: value for name, value in {
+        "dflash_path": dflash_path, "dflash_block_size": dflash_block_size, "dflash_top_k": dflash_top_k,
+        "dflash_record_drafts": dflash_record_drafts, "dflash_adaptive_block": dflash_adaptive_block,
+        "dflash_tree_nodes": dflash_tree_nodes, "dflash_lookup_tokens": dflash_lookup_tokens,
+        "dflash_plain_fallback": dflash_plain_fallback}.items() if value is not None}
+    return decode(model, drafter, input_ids, logits_processor, stopping_criteria, generation_config,
+                  model_kwargs=model_kwargs, options=options)
+
+
+def decode(
+    target,
+    drafter,
+    input_ids: torch.Tensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    *,
+    model_kwargs: dict,
+    options: dict,
+    streamer=None,
+):
+    """Check the request once (drafter, arguments, inputs, cache, options), then run one DFlash generation.
+
+    ``options`` maps ``dflash_*`` keyword names to the call's values. Nothing runs on the target before every check
+    has passed."""
+    check_request(target, drafter, input_ids, generation_config, model_kwargs)
+    draft_options = DraftOptions.for_drafter(drafter, target=target, **{
+        OPTION_KWARGS[name]: value for name, value in options.items()})
+    decoder_class = TreeDecoder if draft_options.tree_nodes else DFlashDecoder
+    with grouped_attention(target):  # verification forwards share the key/value heads instead of copying them
+        decoder = decoder_class(target, drafter, draft_options, generation_config, logits_processor,
+                                stopping_criteria, streamer, model_kwargs["cache"])
+        sequence = decoder.run(input_ids)
+    drafter.last_generation_stats = decoder.stats
+    return decoder.output(sequence, input_ids.shape[1], bool(generation_config.return_dict_in_generate))
+
+
+def check_request(target, drafter, input_ids: torch.Tensor, generation_config: GenerationConfig,
+                  model_kwargs: dict) -> None:
+    """Refuse, with one clear error and before any forward, a request DFlash decoding cannot honour exactly."""
+    if not is_drafter(drafter):
+        raise ValueError(f"The drafter must be a DFlash drafter (DFlashDraftModel.from_pretrained); got "
+                         f"{type(drafter).__name__}.")
+    check_decoding_mode(generation_config.get_generation_mode(), (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE))
+    if generation_config.use_cache is False:
+        raise ValueError("DFlash decoding needs the target's KV cache: each cycle verifies a draft against the "
+                         "cached context and rolls back what was rejected; got use_cache=False (from the call or "
+                         "the target's generation_config). Pass use_cache=True.")
+    drafter.config.check_fits_target(target.config, target.get_output_embeddings().weight.shape[0])
+    if drafter.device != target.device:
+        raise ValueError(f"The drafter is on {drafter.device} and the target on {target.device}; put both on one "
+                         "device.")
+    context_length = getattr(target.config.get_text_config(), "max_position_embeddings", None)
+    check_model_inputs(model_kwargs)
+    check_generation_arguments(generation_config, input_ids, context_length)
+    check_cache(model_kwargs.get("cache"))
+    if target.device.type == "cpu" and target.dtype == torch.bfloat16 and not native_bf16_matmuls():
+        warnings.warn(BF16_WITHOUT_HARDWARE, stacklevel=5)
+
+
+def check_decoding_mode(mode: GenerationMode, allowed: tuple[GenerationMode, ...]) -> None:
+    """Refuse generation settings that select another decoding method (beam search, contrastive search, prompt
+    lookup, ...): it would ignore the drafter, or fight it for the cycle."""
+    if mode not in allowed:
+        raise ValueError(f"A DFlash drafter drafts for greedy decoding and sampling only; these settings select "
+                         f"{mode.value} (e.g. num_beams > 1 or prompt_lookup_num_tokens), which would ignore the "
+                         "drafter.")
+
+
+def check_model_inputs(model_kwargs: dict) -> None:
+    """Refuse model inputs that ``generate`` accepts but the DFlash decoder would misread: it prefills the target
+    itself with the prompt's token ids, unpadded, into an empty cache."""
+    if model_kwargs.get("inputs_embeds") is not None:
+        raise ValueError("DFlash decoding needs input_ids: the drafter drafts from token ids and the target is "
+                         "prefilled with them, so inputs_embeds is not supported (alone or next to input_ids). Pass "
+                         "the prompt as input_ids.")
+    attention_mask = model_kwargs.get("attention_mask")
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise ValueError("DFlash decoding does not support padded prompts (attention_mask with zeros).")
+
+
+def check_cache(cache) -> None:
+    """Accept only an empty cache DFlash decoding can roll back exactly: a ``DynamicCache`` (not offloaded) of full
+    or sliding-window dynamic layers, which ``generate`` builds by default. Any other cache is refused by rule,
+    naming it and what to pass instead."""
+    name = type(cache).__name__
+    layer_types = {type(layer) for layer in getattr(cache, "layers", [])}
+    replicated = getattr(cache, "layer_class_to_replicate", None)
+    croppable = (isinstance(cache, DynamicCache) and not getattr(cache, "offloading", False)
+                 and all(kind in CROPPABLE_LAYERS for kind in layer_types)
+                 and replicated in (None, *CROPPABLE_LAYERS))
+    if not croppable:
+        kinds = ", ".join(sorted(kind.__name__ for kind in layer_types)) or "none yet"
+        raise ValueError(f"DFlash decoding rolls rejected draft tokens back out of the target's cache, which a {name} "
+                         f"(layers: {kinds}) cannot do exactly. Pass no cache and no cache_implementation (or "
+                         "cache_implementation='dynamic'): generate then builds a DynamicCache.")
+    cached = cache.get_seq_length()
+    if cached:
+        raise ValueError(f"The cache passed to generate already holds {cached} tokens; DFlash decoding prefills the "
+                         "whole prompt into an empty cache. Pass a new cache, or none.")
+
+
+def transformers_release(version: str | None = None) -> tuple[int, int]:
+    """``(major, minor)`` of the installed transformers (or of ``version``)."""
+    major, minor = (version or transformers.__version__).split(".")[:2]
+    return int(major), int(minor)
+
+
+def _uses_dflash(assistant_model, generation_config=None) -> bool:
+    if not is_drafter(assistant_model):
+        return False
+    return generation_config is None or getattr(generation_config, "speculation_type", None) != "dflash"
+
+
+def _wrap_extract(original):
+    @functools.wraps(original)
+    def extract(self, custom_generate, kwargs, synced_gpus, assistant_model, streamer):
+        options = {name: kwargs.pop(name) for name in list(kwargs) if name in OPTION_KWARGS}
+        mode_kwargs = original(self, custom_generate, kwargs, synced_gpus, assistant_model, streamer)
+        if options and not is_drafter(assistant_model):
+            raise ValueError(f"{sorted(options)} options need a DFlash drafter as assistant_model.")
+        if options:
+            mode_kwargs["dflash_options"] = options
+        return mode_kwargs
+
+    return extract
+
+
+def _wrap_validate(original):
+    @functools.wraps(original)
+    def validate(self, generation_mode, generation_config, generation_mode_kwargs):
+        if not _uses_dflash(generation_mode_kwargs.get("assistant_model"), generation_config):
+            return original(self, generation_mode, generation_config, generation_mode_kwargs)
+        check_decoding_mode(generation_mode, (GenerationMode.ASSISTED_GENERATION,))
+        if generation_mode_kwargs.get("assistant_tokenizer") is not None:
+            raise ValueError("A DFlash drafter shares the target's tokenizer; do not pass `assistant_tokenizer`.")
+        without_assistant = {key: value for key, value in generation_mode_kwargs.items()
+                             if key not in ("assistant_model", "dflash_options")}
+        return original(self, generation_mode, generation_config, without_assistant)
+
+    return validate
+
+
+def _wrap_assisted_decoding(original):
+    @functools.wraps(original)
+    def assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs):
+        drafter = kwargs.get("assistant_model")
+        if not _uses_dflash(drafter, generation_config):
+            kwargs.pop("dflash_options", None)
+            return original(self, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs)
+        options = kwargs.pop("dflash_options", {})
+        streamer = kwargs.pop("streamer", None)
+        return decode(self, kwargs.pop("assistant_model"), input_ids, logits_processor, stopping_criteria,
+                      generation_config, model_kwargs=kwargs, options=options, streamer=streamer)
+
+    return assisted_decoding
+
+
+def _wrap_generate_refusing_drafters(original, release: tuple[int, int]):
+    """On a transformers release the private route was not tested with: refuse a DFlash drafter as
+    ``assistant_model`` (never guess), leave every other call alone."""
+    @functools.wraps(original)
+    def generate(self, *args, **kwargs):
+        if _uses_dflash(kwargs.get("assistant_model"), kwargs.get("generation_config")):
+            supported = ", ".join(f"{major}.{minor}" for major, minor in SUPPORTED_TRANSFORMERS)
+            raise ValueError(f"dflash2-hf routes assistant_model=<DFlash drafter> through transformers internals it "
+                             f"was tested with on transformers {supported}; this is {release[0]}.{release[1]}. Use "
+                             "the public seam instead: generate(..., custom_generate=dflash2_hf.custom_generate, "
+                             "drafter=drafter), or install a supported transformers.")
+        return original(self, *args, **kwargs)
+
+    return generate
+
+
+def install(release: tuple[int, int] | None = None) -> None:
+    """Set up the ``assistant_model`` route for the installed transformers (idempotent; ``release`` overrides the
+    detected version, for tests)."""
+    release = release or transformers_release()
+    if release not in SUPPORTED_TRANSFORMERS:
+        wrappers = {"generate": functools.partial(_wrap_generate_refusing_drafters, release=release)}
+    elif GENERATION_MODES_MAPPING.get(GenerationMode.ASSISTED_GENERATION) != "_assisted_decoding":
+        raise RuntimeError("transformers no longer routes assisted generation through `_assisted_decoding`; "
+                           "use generate(..., custom_generate=dflash2_hf.custom_generate, drafter=drafter).")
+    else:
+        wrappers = {"_extract_generation_mode_kwargs": _wrap_extract, "_validate_generation_mode": _wrap_validate,
+                    "_assisted_decoding": _wrap_assisted_decoding}
+    for name, wrap in wrappers.items():
+        current = getattr(GenerationMixin, name)
+        if not getattr(current, "__dflash2_hf__", False):
+            wrapped = wrap(current)
+            wrapped.__dflash2_hf__ = True
+            setattr(GenerationMixin, name, wrapped)
+
+
+def uninstall() -> None:
+    """Put every wrapped ``GenerationMixin`` method back as transformers defined it (the public seam keeps working)."""
+    for name in (*PATCHED_METHODS, "generate"):
+        current = GenerationMixin.__dict__.get(name)
+        if getattr(current, "__dflash2_hf__", False):
+            setattr(GenerationMixin, name, current.__wrapped__)
