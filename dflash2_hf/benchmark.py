@@ -20,7 +20,7 @@ import transformers
 from tqdm.auto import tqdm
 
 from .cpu_kernels import PackedLinears, cpu_description
-from .decoding import DraftRecord
+from .decoding import DFlashStats, DraftRecord
 
 SELECTOR_PATHS = ("greedy", "viterbi", "expected")
 
@@ -28,11 +28,13 @@ SELECTOR_PATHS = ("greedy", "viterbi", "expected")
 @dataclass
 class Decoded:
     """One decoding call as the benchmark records it: the prompt and new tokens (``[1, length]``), the seconds the
-    call took, and the tokens emitted per verification cycle when the method reports them itself."""
+    call took, the tokens emitted per verification cycle when the method reports them itself, and the statistics of a
+    DFlash call (from its ``generate`` output)."""
 
     sequence: torch.Tensor
     seconds: float
     acceptance_lengths: list[int] = field(default_factory=list)
+    stats: DFlashStats | None = None
 
 
 @dataclass
@@ -58,8 +60,12 @@ class Method:
         torch.manual_seed(seed)
         with self.linears or nullcontext():
             started = time.perf_counter()
-            output = target.generate(inputs, max_new_tokens=max_new_tokens, **sampling, **self.generate_kwargs)
-            return Decoded(output, time.perf_counter() - started)
+            output = target.generate(inputs, max_new_tokens=max_new_tokens, **sampling, **self.generate_kwargs,
+                                     return_dict_in_generate=self.uses_dflash)
+            seconds = time.perf_counter() - started
+        if self.uses_dflash:
+            return Decoded(output.sequences, seconds, stats=output.dflash_stats)
+        return Decoded(output, seconds)
 
 
 def with_packed_linears(methods: list[Method], linears: PackedLinears) -> list[Method]:
@@ -195,8 +201,8 @@ class Benchmark:
         output = decoded.sequence
         run = Run(method.name, index, benchmark, temperature, output.shape[1] - inputs.shape[1], decoded.seconds,
                   acceptance_lengths=list(decoded.acceptance_lengths), token_ids=output[0, inputs.shape[1]:].tolist())
-        if method.uses_dflash:
-            stats = method.generate_kwargs["assistant_model"].last_generation_stats
+        stats = decoded.stats
+        if stats is not None:
             run.acceptance_lengths = list(stats.acceptance_lengths)
             run.verified_lengths = list(stats.verified_lengths)
             run.draft_seconds, run.select_seconds, run.verify_seconds = stats.draft_seconds, stats.select_seconds, stats.verify_seconds

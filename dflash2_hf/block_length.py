@@ -35,7 +35,6 @@ import operator
 import os
 import platform
 import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -46,6 +45,7 @@ from transformers import DynamicCache
 from .cpu_kernels import cpu_description, linears_packed
 from .drafting import BlockDrafter, DraftOptions
 from .modeling import DFlashDraftModel
+from .timing import device_seconds
 
 MEASURED_LENGTHS = (1, 2, 4, 8, 16, 32)
 
@@ -125,12 +125,12 @@ def interpolate(measured: dict[int, float], up_to: int) -> tuple[float, ...]:
     return tuple(values)
 
 
-def _median_seconds(action, repeats: int) -> float:
+def _median_seconds(action, repeats: int, device: torch.device) -> float:
     samples = []
     for _ in range(repeats):
-        started = time.perf_counter()
+        started = device_seconds(device)
         action()
-        samples.append(time.perf_counter() - started)
+        samples.append(device_seconds(device) - started)
     return statistics.median(samples)
 
 
@@ -165,7 +165,7 @@ def measure_cycle_cost(
     measured = {}
     for length in tuple(n for n in MEASURED_LENGTHS if n < longest) + (longest,):
         verify(length)
-        measured[length] = _median_seconds(lambda: verify(length), repeats)
+        measured[length] = _median_seconds(lambda: verify(length), repeats, device)
 
     context = block.context_features(prefill.hidden_states, context_tokens)
     anchor, anchor_position = int(prompt[0, context_tokens]), context_tokens
@@ -176,7 +176,7 @@ def measure_cycle_cost(
         block.cache.crop(-context_tokens)  # forget the context again so each repeat drafts the same block
 
     draft()
-    fixed = _median_seconds(draft, repeats)
+    fixed = _median_seconds(draft, repeats, device)
     return CycleCost(fixed_seconds=fixed, verify_seconds=interpolate(measured, longest))
 
 

@@ -495,9 +495,10 @@ def generate(args: argparse.Namespace) -> None:
         target.generate(**inputs, max_new_tokens=8, do_sample=False)
 
     started = time.perf_counter()
-    ours = target.generate(**inputs, **ours_kwargs, streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True), **settings)
+    streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    output = target.generate(**inputs, **ours_kwargs, streamer=streamer, return_dict_in_generate=True, **settings)
     ours_seconds = time.perf_counter() - started
-    stats = drafter.last_generation_stats
+    ours, stats = output.sequences, output.dflash_stats
     new_tokens = ours.shape[1] - inputs["input_ids"].shape[1]
     options = DraftOptions.for_drafter(drafter, tree_nodes=args.tree_nodes, adaptive_block=args.adaptive_block or None,
                                        lookup_tokens=args.lookup_tokens)

@@ -26,6 +26,7 @@ from .drafting import BlockDrafter, DraftOptions
 from .lattice import PathStrategy, path_confidences, sample_path, select_path
 from .modeling import DFlashDraftModel
 from .planning import DraftingGuard
+from .timing import device_seconds
 from .verification import SparseDistribution, Verdict, greedy_choices, verify_greedy, verify_sampled
 
 
@@ -133,6 +134,7 @@ class DFlashDecoder:
         cache,
     ):
         self.target = target
+        self.device = target.device  # the guard's timings wait for the device's queued work
         self.drafter = drafter
         self.block = BlockDrafter(drafter, target, options)
         self.options = options
@@ -217,17 +219,17 @@ class DFlashDecoder:
         context = self.block.context_features(output.hidden_states, input_ids.shape[1])
         sequence, stopped = self._emit(input_ids, [first])
         while not stopped:
-            tick = time.perf_counter()
+            tick = device_seconds(self.device)
             if self.guard is None or self.guard.drafts_next():
                 sequence, stopped, context = self._cycle(sequence, context)
                 if self.guard is not None:
                     self.guard.record_cycle(self.stats.acceptance_lengths[-1], self.stats.verified_lengths[-1],
-                                            time.perf_counter() - tick)
+                                            device_seconds(self.device) - tick)
             else:
                 guess, length, cycles = self._foreseen_token(sequence), sequence.shape[1], self.stats.cycles
                 sequence, stopped, context = self._plain_step(sequence, context)
                 verified = self.stats.verified_lengths[-1] if self.stats.cycles > cycles else 0
-                self.guard.record_plain(time.perf_counter() - tick, foreseen=guess == int(sequence[0, length]),
+                self.guard.record_plain(device_seconds(self.device) - tick, foreseen=guess == int(sequence[0, length]),
                                         tokens=sequence.shape[1] - length, verified=verified)
         if self.streamer is not None:
             self.streamer.end()

@@ -92,10 +92,11 @@ def measure_acceptance(
                 torch.manual_seed(seed)
                 for prompt in prompts:
                     sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
-                    target.generate(chat_inputs(tokenizer, benchmark, prompt), max_new_tokens=max_new_tokens,
-                                    assistant_model=drafter, dflash_path=path, **sampling, **(dflash_kwargs or {}))
-                    lengths += drafter.last_generation_stats.acceptance_lengths
-                    verified += drafter.last_generation_stats.verified_lengths
+                    output = target.generate(chat_inputs(tokenizer, benchmark, prompt), max_new_tokens=max_new_tokens,
+                                             assistant_model=drafter, dflash_path=path, return_dict_in_generate=True,
+                                             **sampling, **(dflash_kwargs or {}))
+                    lengths += output.dflash_stats.acceptance_lengths
+                    verified += output.dflash_stats.verified_lengths
                     progress.update(1)
                 results.append(AcceptanceResult(benchmark, path, temperature, len(prompts), len(lengths), sum(lengths),
                                                 sum(lengths) / max(1, len(lengths)),

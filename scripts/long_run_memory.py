@@ -79,10 +79,10 @@ def run(drafter_folder: Path, new_tokens: int, every: int) -> dict:
     before = peak_rss_mib()
     marks = PeakRssMarks(every)
     output = target.generate(**inputs, assistant_model=drafter, do_sample=False, max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, streamer=marks)
-    stats = drafter.last_generation_stats
+                             min_new_tokens=new_tokens, streamer=marks, return_dict_in_generate=True)
+    stats = output.dflash_stats
     return {"target": TARGET, "drafter": str(drafter_folder), "prompt_tokens": inputs["input_ids"].shape[1],
-            "new_tokens": output.shape[1] - inputs["input_ids"].shape[1],
+            "new_tokens": output.sequences.shape[1] - inputs["input_ids"].shape[1],
             "mean_acceptance_length": stats.mean_acceptance_length, "peak_rss_mib_before": before,
             "marks": marks.marks}
 

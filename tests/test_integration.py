@@ -164,7 +164,8 @@ def test_an_unknown_transformers_release_refuses_the_assistant_route_and_names_t
     try:
         assert not any(getattr(GenerationMixin.__dict__.get(name), "__dflash2_hf__", False)
                        for name in integration.PATCHED_METHODS), "nothing private is touched on an unknown release"
-        with pytest.raises(ValueError, match=r"5\.24, 5\.25; this is 5\.99.*custom_generate=dflash2_hf.custom_generate"):
+        refusal = r"5\.24, 5\.25; this is 5\.99.*custom_generate=dflash2_hf\.custom_generate"
+        with pytest.raises(ValueError, match=refusal):
             target.generate(inputs, max_new_tokens=5, do_sample=False, assistant_model=drafter)
         expected = target.generate(inputs, max_new_tokens=5, do_sample=False)
         seam = target.generate(inputs, max_new_tokens=5, do_sample=False, custom_generate=dflash2_hf.custom_generate,

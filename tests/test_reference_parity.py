@@ -56,7 +56,8 @@ def test_context_features_are_the_target_hidden_states_after_each_tapped_layer(g
     with torch.no_grad():
         states = target(golden["prompt"], output_hidden_states=True).hidden_states
     ours = torch.cat([states[i + 1] for i in drafter.target_layer_ids], dim=-1)
-    torch.testing.assert_close(ours, golden["dflash_v1.context"])
+    # recorded on another CPU: float32 matmuls sum in another order on an AVX2-only EPYC (1.6e-5 apart there)
+    torch.testing.assert_close(ours, golden["dflash_v1.context"], **TOLERANCE)
 
 
 def test_greedy_selector_walk_matches_the_reference(golden, target):

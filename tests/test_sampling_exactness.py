@@ -76,8 +76,8 @@ def _without_top_k(settings):
 
 
 def sample_with_drafter(target, drafter, settings, seed=0, **dflash_kwargs) -> tuple[list[tuple[int, ...]], list[int]]:
-    """N continuations sampled with the drafter (``seam=True``: through ``custom_generate``), and the acceptance length of every cycle (or, with
-    ``statistic="verified_lengths"``, the drafted tokens each cycle verified; ``"plain_steps"``, each generation's
+    """N continuations sampled with the drafter (``seam=True``: through ``custom_generate``), and the acceptance
+    length of every cycle (or, with ``statistic="verified_lengths"``, the drafted tokens each cycle verified; ``"plain_steps"``, each generation's
     count of plain steps)."""
     statistic = dflash_kwargs.pop("statistic", "acceptance_lengths")
     route = ({"custom_generate": dflash2_hf.custom_generate, "drafter": drafter} if dflash_kwargs.pop("seam", False)
