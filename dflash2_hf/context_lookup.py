@@ -7,15 +7,41 @@ guess as one more branch next to the drafter's (:meth:`~dflash2_hf.tree.DraftTre
 verifies both in the same forward pass, and the walk takes whichever branch it agrees with.
 
 The guess depends on the verified tokens only, never on a drafted or random one, so adding it keeps greedy output
-identical and sampled output exact (:func:`~dflash2_hf.verification.verify_tree_sampled`).
+identical and sampled output exact (:func:`~dflash2_hf.verification.verify_sampled`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 
 DEFAULT_MAX_NGRAM = 8  # longest suffix matched (transformers' prompt lookup defaults to 2; see docs/results.md)
+FORESIGHT_NGRAM = 3  # the shortest suffix match whose guess may end a plain-decoding pause
+# The shortest suffix match whose copy a step without drafting verifies: after a one-token match a copied token is
+# right about one time in five, too close to break-even for a cost model measured at another context length.
+LOOKUP_CYCLE_NGRAM = 2
+
+
+@dataclass
+class CopiedBranch:
+    """The context lookup's tokens for one cycle and the length of the suffix match they follow."""
+
+    tokens: list[int] = field(default_factory=list)
+    matched: int = 0
+
+    def keep(self, count: int) -> None:
+        """Keep the first ``count`` tokens only (the ones the cycle cost says pay)."""
+        del self.tokens[count:]
+
+    def accepted_of(self, emitted: list[int]) -> int:
+        """How many of these tokens the cycle accepted: the ones that lead ``emitted`` (a copied token the target
+        rejected is never emitted in its place: greedy emits another token, sampling draws from a residual that
+        leaves it out)."""
+        accepted = 0
+        while accepted < min(len(self.tokens), len(emitted) - 1) and emitted[accepted] == self.tokens[accepted]:
+            accepted += 1
+        return accepted
 
 
 def lookup_continuation(

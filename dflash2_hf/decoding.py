@@ -1,10 +1,13 @@
-"""The DFlash decoding loop that ``target.generate(assistant_model=drafter)`` runs.
+"""The one DFlash decoding loop, which both ``generate`` entries run (:mod:`dflash2_hf.integration`).
 
-One cycle: the drafter drafts a block from the target's hidden states -> top-K lattice -> pair scores -> a path ->
-one target forward over ``[anchor, path]`` -> exact verification -> accepted tokens (each checked against the
-stopping criteria, so EOS, stop strings and ``max_new_tokens`` end the output exactly where plain ``generate`` would)
--> the target's cache is cropped to the accepted length (sliding-window layers back to their window) and the accepted
-tokens' hidden states feed the next draft.
+It reads top to bottom: prefill the target, then per step either a plain one-token step or a drafted cycle (the
+:class:`~dflash2_hf.planning.DraftingGuard` decides, by what each has cost here). One cycle: the drafter drafts a
+block from the target's hidden states -> top-K lattice -> pair scores -> a token tree (one path is its one-branch case;
+with ``tree_nodes`` several paths merged, plus a branch copied from the context) -> ONE target forward over the anchor
+and every node -> ONE verifier (:mod:`dflash2_hf.verification`, greedy or rejection sampling) -> the accepted branch
+committed to the target's cache (:func:`~dflash2_hf.tree.commit_branch`) -> its tokens emitted, each checked against
+the stopping criteria, so EOS, stop strings and ``max_new_tokens`` end the output exactly where plain ``generate``
+would -> the accepted tokens' hidden states feed the next draft.
 
 Everything ``generate`` prepared is reused: the target's cache, logits processors (temperature, top-k, top-p,
 repetition penalty, min length, ...), stopping criteria and streamer.
@@ -22,17 +25,23 @@ from transformers.generation.streamers import BaseStreamer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .block_length import CycleCost, cycle_cost_for
+from .context_lookup import (DEFAULT_MAX_NGRAM, FORESIGHT_NGRAM, LOOKUP_CYCLE_NGRAM, CopiedBranch, LookupOdds,
+                             lookup_continuation, lookup_match)
 from .drafting import BlockDrafter, DraftOptions
 from .lattice import PathStrategy, path_confidences, sample_path, select_path
 from .modeling import DFlashDraftModel
 from .planning import DraftingGuard
 from .timing import device_seconds
+from .tree import (ROOT, DraftTree, check_tree_cache, commit_branch, likeliest_tree, sampled_tree,
+                   worthwhile_tree_size)
 from .verification import SparseDistribution, Verdict, greedy_choices, verify_greedy, verify_sampled
 
 
 @dataclass
 class DraftRecord:
-    """One cycle's lattice, kept when ``dflash_record_drafts=True`` (for benchmarks: recall, oracle acceptance)."""
+    """One cycle's lattice, kept when ``dflash_record_drafts=True`` (for benchmarks: recall, oracle acceptance), and
+    its ``path``: the drafted path the target verified (a one-branch tree's tokens), or for a branched tree the branch
+    the target accepted."""
 
     anchor_position: int
     candidate_ids: torch.Tensor  # [L, K], best drafter logit first
@@ -119,8 +128,20 @@ def check_generation_arguments(
                          f">= 1, got {ngram!r}.")
 
 
+@dataclass
+class Step:
+    """What one step (a cycle, a lookup cycle or a plain step) left: the sequence, whether a stopping criterion fired,
+    the features of the tokens the drafter has not seen yet, and the tokens the step emitted and verified."""
+
+    sequence: torch.Tensor
+    stopped: bool
+    context: torch.Tensor
+    emitted: int
+    verified: int
+
+
 class DFlashDecoder:
-    """Runs one generation: prefill, then draft / select / verify cycles until a stopping criterion fires."""
+    """Runs one generation: prefill, then plain steps or drafted cycles until a stopping criterion fires."""
 
     def __init__(
         self,
@@ -133,6 +154,8 @@ class DFlashDecoder:
         streamer: BaseStreamer | None,
         cache,
     ):
+        if options.tree_nodes:
+            check_tree_cache(cache)  # branched trees are compacted out of the cache, which sliding windows cannot do
         self.target = target
         self.device = target.device  # the guard's timings wait for the device's queued work
         self.drafter = drafter
@@ -152,10 +175,18 @@ class DFlashDecoder:
         self.stats = DFlashStats(path=options.path.value, block_size=options.block_size,
                                  drafts=[] if options.record_drafts else None)
         self.block_cutter = self._block_cutter(options)
-        self.draft_depth = options.block_size - 1  # drafted positions read out through the LM head per block
+        # drafted positions read out through the LM head: a tree of n nodes is at most n deep
+        self.draft_depth = min(options.block_size - 1, options.tree_nodes or options.block_size)
+        # the longest suffix the context lookup matches: transformers' prompt-lookup setting, when given
+        self.lookup_ngram = generation_config.max_matching_ngram_size or DEFAULT_MAX_NGRAM
+        self.lookup_odds = LookupOdds()
         self.guard = None
         if options.plain_fallback is not False:
             self.guard = DraftingGuard(prices=None if options.plain_fallback is True else options.plain_fallback)
+        # Steps without drafting may verify a copied branch alone, priced at the forward's cost with no draft.
+        self.lookup_cost = None
+        if self.guard is not None and options.lookup_tokens and isinstance(self.block_cutter, CycleCost):
+            self.lookup_cost = CycleCost(0.0, self.block_cutter.verify_seconds)
 
     def _block_cutter(self, options: DraftOptions):
         """What decides how much of each drafted path (or tree) to verify: ``None`` verifies it whole."""
@@ -208,6 +239,26 @@ class DFlashDecoder:
 
     @torch.no_grad()
     def run(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Prefill, then per step a plain step or a drafted cycle (the guard decides, by what each cost here)."""
+        step = self._prefill(input_ids)
+        while not step.stopped:
+            tick = device_seconds(self.device)
+            if self.guard is None or self.guard.drafts_next():
+                step = self._cycle(step.sequence, step.context)
+                if self.guard is not None:
+                    self.guard.record_cycle(step.emitted, step.verified, device_seconds(self.device) - tick)
+            else:
+                guess, length = self._foreseen_token(step.sequence), step.sequence.shape[1]
+                step = self._plain_step(step.sequence, step.context)
+                self.guard.record_plain(device_seconds(self.device) - tick,
+                                        foreseen=guess == int(step.sequence[0, length]), tokens=step.emitted,
+                                        verified=step.verified)
+        if self.streamer is not None:
+            self.streamer.end()
+        return step.sequence
+
+    def _prefill(self, input_ids: torch.Tensor) -> Step:
+        """The target's forward over the prompt, and the first new token chosen as plain decoding chooses it."""
         started = time.perf_counter()
         output = self._forward(input_ids, logits_to_keep=1)
         # Every later target forward may be partly rolled back. Layers that keep only a window of states (sliding
@@ -218,29 +269,31 @@ class DFlashDecoder:
         self.stats.prefill_seconds = time.perf_counter() - started
         context = self.block.context_features(output.hidden_states, input_ids.shape[1])
         sequence, stopped = self._emit(input_ids, [first])
-        while not stopped:
-            tick = device_seconds(self.device)
-            if self.guard is None or self.guard.drafts_next():
-                sequence, stopped, context = self._cycle(sequence, context)
-                if self.guard is not None:
-                    self.guard.record_cycle(self.stats.acceptance_lengths[-1], self.stats.verified_lengths[-1],
-                                            device_seconds(self.device) - tick)
-            else:
-                guess, length, cycles = self._foreseen_token(sequence), sequence.shape[1], self.stats.cycles
-                sequence, stopped, context = self._plain_step(sequence, context)
-                verified = self.stats.verified_lengths[-1] if self.stats.cycles > cycles else 0
-                self.guard.record_plain(device_seconds(self.device) - tick, foreseen=guess == int(sequence[0, length]),
-                                        tokens=sequence.shape[1] - length, verified=verified)
-        if self.streamer is not None:
-            self.streamer.end()
-        return sequence
+        return Step(sequence, stopped, context, emitted=1, verified=0)
 
     def _foreseen_token(self, sequence: torch.Tensor) -> int | None:
-        """A free guess at the next token, which ends a plain-decoding pause early when it keeps coming true: none
-        for one drafted path (:class:`~dflash2_hf.tree_decoding.TreeDecoder` guesses with its context lookup)."""
-        return None
+        """With a lookup branch: a free guess at the next token (the one after the latest earlier occurrence of the
+        text's last ``FORESIGHT_NGRAM`` or more tokens), which ends a plain-decoding pause early when it keeps coming
+        true; none without one."""
+        if not self.options.lookup_tokens:
+            return None
+        guess = lookup_continuation(sequence[0].tolist(), 1, self.lookup_ngram, min_ngram=FORESIGHT_NGRAM)
+        return guess[0] if guess else None
 
-    def _plain_step(self, sequence: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, bool, torch.Tensor]:
+    def _plain_step(self, sequence: torch.Tensor, context: torch.Tensor) -> Step:
+        """A step without drafting: the tokens copied from the context alone, verified with the anchor where the cycle
+        cost and the lookup's odds say they pay for their rows (a lookup cycle), else one plain step."""
+        lookup = self._copied_branch(sequence) if self.lookup_cost is not None else CopiedBranch()
+        if lookup.matched >= LOOKUP_CYCLE_NGRAM:
+            lookup.keep(self.lookup_cost.worthwhile_size(self.lookup_odds.gains(lookup.matched, len(lookup.tokens))))
+            if lookup.tokens:
+                tree = DraftTree()
+                tree.add_lookup_path(lookup.tokens)
+                self.stats.lookup_cycles += 1
+                return self._check(sequence, tree, lookup)[0]
+        return self._one_token_step(sequence, context)
+
+    def _one_token_step(self, sequence: torch.Tensor, context: torch.Tensor) -> Step:
         """One step of plain decoding: the target's forward over the last token alone, its next token chosen as plain
         decoding chooses it; that token's hidden states join the context the drafter has not seen yet."""
         with record_function("dflash2.plain_step"):
@@ -249,7 +302,8 @@ class DFlashDecoder:
             self.cache.crop(0)  # sliding-window layers back to their window, as after a cycle
         sequence, stopped = self._emit(sequence, [token])
         self.stats.plain_steps += 1
-        return sequence, stopped, torch.cat([context, self.block.context_features(output.hidden_states, 1)], dim=1)
+        context = torch.cat([context, self.block.context_features(output.hidden_states, 1)], dim=1)
+        return Step(sequence, stopped, context, emitted=1, verified=0)
 
     def _draft(self, sequence: torch.Tensor, context: torch.Tensor):
         """The timed draft of the block after the sequence's last token: its lattice and the drafter's hidden states,
@@ -263,66 +317,114 @@ class DFlashDecoder:
         self.stats.draft_seconds += time.perf_counter() - tick
         return drafted
 
-    def _cycle(self, sequence: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, bool, torch.Tensor]:
+    def _cycle(self, sequence: torch.Tensor, context: torch.Tensor) -> Step:
+        """One drafted cycle: draft, grow the token tree over the (pair-scored) lattice, verify it in one target
+        forward, commit the accepted branch, emit."""
         anchor_position = sequence.shape[1] - 1
-        path, distributions = [], []
+        tree, lookup = DraftTree(), CopiedBranch()
         lattice, hidden = self._draft(sequence, context)
-        tick = time.perf_counter()
         if lattice is not None:
-            with record_function("dflash2.select"):
-                path, distributions = self._pick_path(lattice, hidden, anchor_position)
-            self.stats.select_seconds += time.perf_counter() - tick
             tick = time.perf_counter()
+            with record_function("dflash2.select"):
+                if self.options.path is not PathStrategy.ARGMAX:
+                    lattice = self.block.score(lattice, hidden)
+                tree, lookup = self._grow(lattice, sequence)
+            self.stats.select_seconds += time.perf_counter() - tick
+        step, verdict = self._check(sequence, tree, lookup)
+        if self.stats.drafts is not None and lattice is not None:
+            drafted = tree.tokens if tree.is_chain() else verdict.emitted[:-1]
+            self.stats.drafts.append(DraftRecord(anchor_position, lattice.candidate_ids[0].cpu(), drafted))
+        return step
 
-        candidates = torch.cat([sequence, sequence.new_tensor([path])], dim=1)
-        with record_function("dflash2.verify_forward"):
-            output = self._forward(candidates[:, anchor_position:])
-        with record_function("dflash2.verify_decide"):
-            verdict = self._verify(candidates, anchor_position + 1, output.logits[0], path, distributions)
-        with record_function("dflash2.cache_crop"):
-            # Also when every drafted token is kept: crop(0) shrinks sliding-window layers back to their window.
-            self.cache.crop(verdict.accepted - len(path))
-        self.stats.verify_seconds += time.perf_counter() - tick
+    def _grow(self, lattice, sequence: torch.Tensor) -> tuple[DraftTree, CopiedBranch]:
+        """The cycle's token tree: one path (``tree_nodes`` 0), or several paths merged plus the context lookup's
+        branch, both sized together by the cycle cost and the lookup's odds when the block is adaptive."""
+        if not self.options.tree_nodes:
+            return self._path(lattice), CopiedBranch()
+        lookup = self._copied_branch(sequence)
+        nodes = self.options.tree_nodes
+        if self.block_cutter is not None:
+            gains = self.lookup_odds.gains(lookup.matched, len(lookup.tokens))
+            nodes, copied = worthwhile_tree_size(lattice, nodes, self.block_cutter, lookup_gains=gains)
+            lookup.keep(copied)
+        tree = sampled_tree(lattice, nodes, self.temperature) if self.do_sample else likeliest_tree(lattice, nodes)
+        tree.add_lookup_path(lookup.tokens)
+        return tree, lookup
 
-        with record_function("dflash2.emit"):
-            sequence, stopped = self._emit(sequence, verdict.emitted)
-        self.stats.acceptance_lengths.append(len(verdict.emitted))
-        self.stats.verified_lengths.append(len(path))
-        with record_function("dflash2.context"):
-            context = self.block.context_features(output.hidden_states, verdict.accepted + 1)
-        return sequence, stopped, context
-
-    def _pick_path(self, lattice, hidden: torch.Tensor, anchor_position: int) -> tuple[list[int], list]:
-        """The drafted path (pair-scored unless ``argmax``; cut to its most profitable prefix when the block length is
-        adaptive) and, when sampling, the distributions it was drawn from."""
-        distributions = []
-        if self.options.path is not PathStrategy.ARGMAX:
-            lattice = self.block.score(lattice, hidden)
+    def _path(self, lattice) -> DraftTree:
+        """One path through the lattice as a one-branch tree: picked by the path strategy (greedy decoding) or drawn
+        from the selector's conditional distributions (sampling, each node keeping the distribution its child was
+        drawn from); cut to its most profitable prefix when the block length is adaptive."""
+        proposals = None
         if self.do_sample:
             picks, q = sample_path(lattice, self.temperature)
-            distributions = [SparseDistribution(lattice.candidate_ids[0, i], q[0][i]) for i in range(picks.shape[1])]
+            proposals = [SparseDistribution(lattice.candidate_ids[0, i], q[0][i]) for i in range(picks.shape[1])]
         else:
             picks = select_path(lattice, self.options.path)
         if self.block_cutter is not None:
             confidences = path_confidences(lattice, picks, self.do_sample, self.temperature if self.do_sample else 1.0)
             keep = self.block_cutter.verified_length(confidences[0].tolist())
-            picks, distributions = picks[:, :keep], distributions[:keep]
-        path = lattice.tokens(picks)[0].tolist()
-        if self.stats.drafts is not None:
-            self.stats.drafts.append(DraftRecord(anchor_position, lattice.candidate_ids[0].cpu(), path))
-        return path, distributions
+            picks, proposals = picks[:, :keep], None if proposals is None else proposals[:keep]
+        tree = DraftTree()
+        tree.add_path(lattice.tokens(picks)[0].tolist(), proposals)
+        return tree
 
-    def _verify(
-        self, candidates: torch.Tensor, first_prefix: int, logits: torch.Tensor, path: list[int], distributions
-    ) -> Verdict:
+    def _copied_branch(self, sequence: torch.Tensor) -> CopiedBranch:
+        """The context lookup's continuation of the sequence (up to ``lookup_tokens``, and no further than
+        ``max_length``), with the length of the suffix it matched."""
+        if not self.options.lookup_tokens:
+            return CopiedBranch()
+        room = self.max_length - sequence.shape[1] - 1
+        tokens, matched = lookup_match(sequence[0].tolist(), min(self.options.lookup_tokens, room), self.lookup_ngram)
+        return CopiedBranch(tokens, matched)
+
+    def _check(self, sequence: torch.Tensor, tree: DraftTree, lookup: CopiedBranch) -> tuple[Step, Verdict]:
+        """Verify ``tree`` (its lookup branch ``lookup``) after the sequence's last token in one target forward, commit
+        the accepted branch to the cache, emit its tokens and record the cycle."""
+        tick = time.perf_counter()
+        anchor_position = sequence.shape[1] - 1
+        with record_function("dflash2.verify_forward"):
+            output = self._verify_forward(sequence, tree, anchor_position)
+        with record_function("dflash2.verify_decide"):
+            verdict = self._verify(sequence, tree, output.logits[0])
+        with record_function("dflash2.cache_commit"):
+            commit_branch(self.cache, anchor_position, verdict.nodes, len(tree))
+        self.stats.verify_seconds += time.perf_counter() - tick
+        self.lookup_odds.record(lookup.matched, len(lookup.tokens), lookup.accepted_of(verdict.emitted))
+
+        with record_function("dflash2.emit"):
+            sequence, stopped = self._emit(sequence, verdict.emitted)
+        self.stats.acceptance_lengths.append(len(verdict.emitted))
+        self.stats.verified_lengths.append(len(tree))
+        with record_function("dflash2.context"):
+            context = self.block.context_features(output.hidden_states, [0] + [node + 1 for node in verdict.nodes])
+        return Step(sequence, stopped, context, len(verdict.emitted), len(tree)), verdict
+
+    def _verify_forward(self, sequence: torch.Tensor, tree: DraftTree, anchor_position: int):
+        """The target's forward over the anchor and every node: a one-branch tree with the plain causal mask, a
+        branched one with the tree's attention mask and positions."""
+        tokens = sequence.new_tensor([[int(sequence[0, -1])] + tree.tokens])
+        if tree.is_chain():
+            return self._forward(tokens)
+        return self._forward(tokens, attention_mask=tree.attention_mask(anchor_position, self.target.dtype),
+                             position_ids=tree.position_ids(anchor_position).to(sequence.device))
+
+    def _verify(self, sequence: torch.Tensor, tree: DraftTree, logits: torch.Tensor) -> Verdict:
+        """Verify a tree whose forward gave ``logits`` (row 0: after the anchor; row ``1 + n``: after node ``n``)."""
+
+        def row(node: int) -> int:
+            return 0 if node == ROOT else node + 1
+
+        def processed(node: int) -> torch.Tensor:
+            prefix = torch.cat([sequence, sequence.new_tensor([[tree.tokens[n] for n in tree.branch(node)]])], dim=1)
+            return self._processed(prefix, prefix.shape[1], logits[row(node)])
+
         if not self.do_sample:
             if len(self.logits_processor) == 0 and not (self.keep_scores or self.keep_logits):
                 choices = greedy_choices(logits)
-                return verify_greedy(path, choices.__getitem__)
-            return verify_greedy(path, lambda i: int(self._processed(candidates, first_prefix + i, logits[i]).argmax()))
-        return verify_sampled(
-            path, distributions, lambda i: torch.softmax(self._processed(candidates, first_prefix + i, logits[i]), dim=-1)
-        )
+                return verify_greedy(tree, lambda node: choices[row(node)])
+            return verify_greedy(tree, lambda node: int(processed(node).argmax()))
+        return verify_sampled(tree, lambda node: torch.softmax(processed(node), dim=-1))
 
     def output(self, sequence: torch.Tensor, prompt_length: int, return_dict: bool):
         """What ``generate`` returns: the sequences, or a dict output with scores/logits of the emitted tokens."""

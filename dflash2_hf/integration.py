@@ -15,7 +15,7 @@
   ``assistant_model`` with a message naming the supported seam, rather than guess at private methods.
 
 Both entries end in :func:`decode`, which checks the whole request once, before any forward, then runs
-:class:`~dflash2_hf.decoding.DFlashDecoder` (or :class:`~dflash2_hf.tree_decoding.TreeDecoder`).
+:class:`~dflash2_hf.decoding.DFlashDecoder`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from .decoding import DFlashDecoder, check_generation_arguments
 from .drafting import DraftOptions
 from .grouped_attention import grouped_attention
 from .modeling import DFlashDraftModel
-from .tree_decoding import TreeDecoder
 
 #: ``major.minor`` releases of transformers whose private generate methods the assistant route was tested against.
 SUPPORTED_TRANSFORMERS = ((5, 24), (5, 25))
@@ -121,9 +120,8 @@ def decode(
     check_request(target, drafter, input_ids, generation_config, model_kwargs)
     draft_options = DraftOptions.for_drafter(drafter, target=target, **{
         OPTION_KWARGS[name]: value for name, value in options.items()})
-    decoder_class = TreeDecoder if draft_options.tree_nodes else DFlashDecoder
     with grouped_attention(target):  # verification forwards share the key/value heads instead of copying them
-        decoder = decoder_class(target, drafter, draft_options, generation_config, logits_processor,
+        decoder = DFlashDecoder(target, drafter, draft_options, generation_config, logits_processor,
                                 stopping_criteria, streamer, model_kwargs["cache"])
         sequence = decoder.run(input_ids)
     drafter.last_generation_stats = decoder.stats

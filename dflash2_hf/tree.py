@@ -6,8 +6,9 @@ conditional distributions, grown best-first, :func:`likeliest_tree`; sampling: p
 distributions, merged where they share a prefix, :func:`sampled_tree`) -> one target forward over the anchor and
 every node, each attending to the verified context and its own ancestors only (:meth:`DraftTree.attention_mask`,
 :meth:`DraftTree.position_ids`) -> exact verification walks down the tree
-(:func:`~dflash2_hf.verification.verify_tree_greedy`, :func:`~dflash2_hf.verification.verify_tree_sampled`) ->
-:func:`keep_branch` compacts the target's KV cache to the accepted branch.
+(:func:`~dflash2_hf.verification.verify_greedy`, :func:`~dflash2_hf.verification.verify_sampled`) ->
+:func:`commit_branch` leaves the accepted branch in the target's KV cache. One drafted path is a tree with one branch
+(:meth:`DraftTree.is_chain`).
 """
 
 from __future__ import annotations
@@ -90,6 +91,11 @@ class DraftTree:
             nodes.append(node)
             node = self.parents[node]
         return nodes[::-1]
+
+    def is_chain(self) -> bool:
+        """One branch, nodes in order (one drafted path, or a copied branch alone): the target verifies it with its
+        plain causal mask, and a rejection rolls the cache back with a crop."""
+        return all(parent == node - 1 for node, parent in enumerate(self.parents))
 
     def depths(self) -> list[int]:
         """Depth of every node (1 for the anchor's children)."""
@@ -179,6 +185,16 @@ def sampled_tree(lattice: Lattice, nodes: int, temperature: float) -> DraftTree:
         proposals = [SparseDistribution(lattice.candidate_ids[0, i], q) for i, q in enumerate(distributions[row])]
         tree.add_path(tokens.tolist(), proposals)
     return tree
+
+
+def commit_branch(cache, past_length: int, nodes: list[int], forwarded: int) -> None:
+    """Leave in the target's cache the verified context, the anchor and the accepted ``nodes`` of a forward over the
+    anchor and ``forwarded`` nodes: a crop when the accepted nodes are the forward's first rows (always so for a path;
+    it also shrinks sliding-window layers back to their window), else :func:`keep_branch`."""
+    if nodes == list(range(len(nodes))):
+        cache.crop(len(nodes) - forwarded)
+    else:
+        keep_branch(cache, past_length, nodes)
 
 
 def keep_branch(cache, past_length: int, nodes: list[int]) -> None:

@@ -1,16 +1,17 @@
-"""Exact verification of a drafted path against the target.
+"""ONE exact verifier: a drafted token tree (:class:`~dflash2_hf.tree.DraftTree`) against the target, greedy or by
+rejection sampling. One drafted path is the tree's one-branch case.
 
-Greedy: accept the longest prefix of the path that equals the target's own choice at every position, then emit the
-target's choice at the first mismatch (or after the last drafted token).
+Greedy (:func:`verify_greedy`): walk down from the anchor while the target's own choice after the current node is
+one of its children, then emit the target's choice: the longest branch the target agrees with, plus its token.
 
-Sampling (speculative sampling, Leviathan et al. 2023, Alg. 1): the path was sampled position by position from the
-drafter's conditional distributions ``q_i``; token ``x_i`` is kept with probability ``min(1, p_i(x_i) / q_i(x_i))``,
-where ``p_i`` is the target's processed distribution given the kept prefix. At the first rejection a replacement is
-drawn from the residual ``max(p_i - q_i, 0) / Z``; when every token is kept, one more token is drawn from ``p``.
-Each emitted token then has exactly the distribution ``p_i`` (proof in ``docs/concepts.md``), whatever ``q`` is.
+Sampling (:func:`verify_sampled`; speculative sampling, Leviathan et al. 2023, Alg. 1, recursively over the tree):
+a drafted token ``x`` drawn from the drafter's ``q`` is kept with probability ``min(1, p(x) / q(x))``, where ``p`` is
+the target's processed distribution after the kept prefix; after a rejection the residual ``max(p - q, 0) / Z`` takes
+the place of ``p``, for the node's next draw or for the emitted token. Each emitted token then has exactly the
+target's distribution (proof in ``docs/concepts.md``), whatever ``q`` is.
 
-The target's distributions are supplied lazily by a callable so that only positions up to the first rejection are
-processed (logits processors such as repetition penalty depend on the prefix and run once per position).
+The target's distributions are supplied lazily by a callable, so that only the nodes the walk reaches are processed
+(logits processors such as repetition penalty depend on the prefix and run once per node).
 """
 
 from __future__ import annotations
@@ -37,27 +38,10 @@ class SparseDistribution:
         return out.index_add_(0, self.token_ids, self.probs)
 
 
-@dataclass
-class Verdict:
-    """Outcome of verifying one path: ``accepted`` drafted tokens kept, then ``emitted`` tokens (kept + one more)."""
-
-    accepted: int
-    emitted: list[int]
-
-
 def greedy_choices(logits: torch.Tensor) -> list[int]:
     """The target's greedy token at every row of ``logits`` ``[rows, vocab]``: the first highest logit, as ``argmax``
     picks it (``max`` returns the same index and, on bf16 logits on the CPU, runs several times faster)."""
     return logits.max(dim=-1).indices.tolist()
-
-
-def verify_greedy(path: list[int], target_choice: Callable[[int], int]) -> Verdict:
-    """Keep drafted tokens while they equal ``target_choice(i)`` (the target's argmax at position ``i``)."""
-    for position, token in enumerate(path):
-        choice = target_choice(position)
-        if choice != token:
-            return Verdict(position, path[:position] + [choice])
-    return Verdict(len(path), path + [target_choice(len(path))])
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -77,34 +61,8 @@ def rejection_distribution(p: torch.Tensor, q: SparseDistribution) -> torch.Tens
     return residual_distribution(p, q.dense(p.shape[-1]).to(p.dtype))
 
 
-def verify_sampled(
-    path: list[int],
-    draft_distributions: list[SparseDistribution],
-    target_probs: Callable[[int], torch.Tensor],
-    generator: torch.Generator | None = None,
-) -> Verdict:
-    """Speculative sampling of one path.
-
-    Args:
-        path: drafted tokens, ``path[i] ~ draft_distributions[i]``.
-        draft_distributions: the distribution each drafted token was actually sampled from.
-        target_probs: ``target_probs(i)`` is the target's processed distribution (dense ``[vocab]``, float) at
-            position ``i``, given the prompt and ``path[:i]``; called for ``i = 0 .. accepted``.
-        generator: random source (``None``: torch's global generator, so ``torch.manual_seed`` reproduces runs).
-    """
-    device = draft_distributions[0].probs.device if draft_distributions else None
-    for position, (token, q) in enumerate(zip(path, draft_distributions, strict=True)):
-        p = target_probs(position)
-        if float(torch.rand((), generator=generator, device=device)) < acceptance_probability(p, q, token):
-            continue
-        replacement = torch.multinomial(rejection_distribution(p, q), 1, generator=generator)
-        return Verdict(position, path[:position] + [int(replacement)])
-    bonus = torch.multinomial(target_probs(len(path)), 1, generator=generator)
-    return Verdict(len(path), path + [int(bonus)])
-
-
 @dataclass
-class TreeVerdict:
+class Verdict:
     """Outcome of verifying a token tree: the accepted ``nodes`` (a branch from the anchor down) and the ``emitted``
     tokens (theirs, then one token of the target's)."""
 
@@ -112,7 +70,7 @@ class TreeVerdict:
     emitted: list[int]
 
 
-def verify_tree_greedy(tree, target_choice: Callable[[int], int]) -> TreeVerdict:
+def verify_greedy(tree, target_choice: Callable[[int], int]) -> Verdict:
     """Walk down the tree while the target's choice after the current node (``target_choice(node)``, ``-1`` for the
     anchor) is one of its children; then emit the target's choice."""
     node, nodes, emitted = -1, [], []
@@ -121,7 +79,7 @@ def verify_tree_greedy(tree, target_choice: Callable[[int], int]) -> TreeVerdict
         emitted.append(choice)
         child = tree.child(node, choice)
         if child is None:
-            return TreeVerdict(nodes, emitted)
+            return Verdict(nodes, emitted)
         nodes.append(child)
         node = child
 
@@ -131,9 +89,9 @@ def point_mass(token: int, device: torch.device | None = None) -> SparseDistribu
     return SparseDistribution(torch.tensor([token], device=device), torch.tensor([1.0], device=device))
 
 
-def verify_tree_sampled(
+def verify_sampled(
     tree, target_probs: Callable[[int], torch.Tensor], generator: torch.Generator | None = None
-) -> TreeVerdict:
+) -> Verdict:
     """Recursive rejection sampling down a tree of independently drawn paths (multi-draft speculative sampling).
 
     At a node, the children of the paths through it are independent draws ``x_1, x_2, ...`` from its proposal ``q``.
@@ -161,7 +119,7 @@ def verify_tree_sampled(
             p = rejection_distribution(p, proposal)
         if kept is None:
             emitted.append(int(torch.multinomial(p, 1, generator=generator)))
-            return TreeVerdict(nodes, emitted)
+            return Verdict(nodes, emitted)
         nodes.append(kept)
         emitted.append(tree.tokens[kept])
         node = kept

@@ -26,7 +26,6 @@ MODULES = [
     "decoding",
     "tree",
     "context_lookup",
-    "tree_decoding",
     "integration",
     "cpu_kernels",
     "exact_attention",

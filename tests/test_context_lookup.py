@@ -8,7 +8,7 @@ from conftest import tiny_drafter
 from dflash2_hf.block_length import CycleCost
 from dflash2_hf.context_lookup import LookupOdds, lookup_continuation, lookup_match
 from dflash2_hf.tree import ROOT, DraftTree
-from dflash2_hf.verification import verify_tree_greedy
+from dflash2_hf.verification import verify_greedy
 
 
 def test_the_tokens_after_an_earlier_occurrence_of_the_suffix_are_the_guess():
@@ -121,7 +121,7 @@ def test_a_lookup_branch_reuses_drafted_nodes_and_stays_out_of_the_draws():
 def test_the_greedy_walk_follows_the_lookup_branch_where_the_target_agrees_with_it():
     tree = two_paths()
     tree.add_lookup_path([30, 31])
-    verdict = verify_tree_greedy(tree, {ROOT: 30, 3: 31, 4: 7}.__getitem__)
+    verdict = verify_greedy(tree, {ROOT: 30, 3: 31, 4: 7}.__getitem__)
     assert verdict.nodes == [3, 4] and verdict.emitted == [30, 31, 7]
 
 
@@ -144,7 +144,7 @@ def test_a_lookup_branch_accepts_more_tokens_on_a_repetitive_output(target, draf
 
 
 def test_max_matching_ngram_size_sets_the_longest_suffix_the_lookup_matches(target, drafter, monkeypatch):
-    import dflash2_hf.tree_decoding as tree_decoding
+    import dflash2_hf.decoding as decoding
 
     sizes = []
 
@@ -152,7 +152,7 @@ def test_max_matching_ngram_size_sets_the_longest_suffix_the_lookup_matches(targ
         sizes.append(max_ngram)
         return lookup_match(tokens, length, max_ngram)
 
-    monkeypatch.setattr(tree_decoding, "lookup_match", recording_lookup)
+    monkeypatch.setattr(decoding, "lookup_match", recording_lookup)
     plain = target.generate(PROMPT, max_new_tokens=30, do_sample=False)
     for setting, expected in ((None, 8), (2, 2)):
         sizes.clear()
@@ -207,9 +207,9 @@ def test_steps_without_drafting_stay_plain_where_rows_cost_a_forward(target, dra
 @pytest.mark.parametrize("matched,copies", [(1, False), (2, True)])
 def test_a_step_without_drafting_copies_only_after_a_match_of_two_tokens_or_more(target, drafter, monkeypatch,
                                                                                  matched, copies):
-    import dflash2_hf.tree_decoding as tree_decoding
+    import dflash2_hf.decoding as decoding
 
-    monkeypatch.setattr(tree_decoding, "lookup_match", lambda tokens, length, max_ngram: (tokens[len(tokens) - length:], matched))
+    monkeypatch.setattr(decoding, "lookup_match", lambda tokens, length, max_ngram: (tokens[len(tokens) - length:], matched))
     ours = target.generate(PROMPT, max_new_tokens=30, do_sample=False, assistant_model=drafter, dflash_tree_nodes=4,
                            dflash_lookup_tokens=4, dflash_plain_fallback=COPYING_PAYS,
                            dflash_adaptive_block=COPYING_PAYS)

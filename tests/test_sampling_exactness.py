@@ -28,11 +28,11 @@ from conftest import steep_cost, tiny_drafter, tiny_target
 from scipy.stats import chisquare
 
 import dflash2_hf
-from dflash2_hf import decoding, tree_decoding
+from dflash2_hf import decoding
 from dflash2_hf.block_length import CycleCost
 from dflash2_hf.lattice import path_confidences
 from dflash2_hf.planning import DraftingGuard
-from dflash2_hf.verification import TreeVerdict, Verdict, rejection_distribution
+from dflash2_hf.verification import Verdict, rejection_distribution
 
 VOCAB, NEW_TOKENS, SAMPLES = 5, 4, 1000
 PROMPT = torch.tensor([[1, 3, 2, 0]])
@@ -77,8 +77,8 @@ def _without_top_k(settings):
 
 def sample_with_drafter(target, drafter, settings, seed=0, **dflash_kwargs) -> tuple[list[tuple[int, ...]], list[int]]:
     """N continuations sampled with the drafter (``seam=True``: through ``custom_generate``), and the acceptance
-    length of every cycle (or, with ``statistic="verified_lengths"``, the drafted tokens each cycle verified; ``"plain_steps"``, each generation's
-    count of plain steps)."""
+    length of every cycle (or, with ``statistic="verified_lengths"``, the drafted tokens each cycle verified;
+    ``"plain_steps"``, each generation's count of plain steps)."""
     statistic = dflash_kwargs.pop("statistic", "acceptance_lengths")
     route = ({"custom_generate": dflash2_hf.custom_generate, "drafter": drafter} if dflash_kwargs.pop("seam", False)
              else {"assistant_model": drafter})
@@ -106,10 +106,9 @@ def goodness_of_fit(draws, exact) -> float:
     return float(chisquare(observed, [e * scale for e in expected]).pvalue)
 
 
-def accept_every_draft(path, distributions, target_probs, generator=None):
-    """Negative control: keep every drafted token (no rejection), then a bonus token from the target."""
-    bonus = torch.multinomial(target_probs(len(path)), 1)
-    return Verdict(len(path), path + [int(bonus)])
+def accept_every_draft(tree, target_probs, generator=None):
+    """Negative control: keep every drafted token of the path (no rejection), then a bonus token from the target."""
+    return walk_down(tree, target_probs, lambda node, p: (next(iter(tree.draws.get(node, [])), None), p))
 
 
 @pytest.mark.parametrize("setting", SETTINGS)
@@ -166,14 +165,14 @@ def test_adaptive_blocks_keep_sampling_exact(models, monkeypatch):
     assert goodness_of_fit(control, exact) < 1e-6, "a cut that looks at the sampled tokens biases the output"
 
 
-def walk_down(tree, target_probs, choose) -> TreeVerdict:
+def walk_down(tree, target_probs, choose) -> Verdict:
     """A tree walk for the negative controls: ``choose(node, p)`` gives the kept child (or ``None``) and the
     distribution the emitted token is drawn from when none is kept."""
     node, nodes, emitted = -1, [], []
     while True:
         kept, p = choose(node, target_probs(node))
         if kept is None:
-            return TreeVerdict(nodes, emitted + [int(torch.multinomial(p, 1))])
+            return Verdict(nodes, emitted + [int(torch.multinomial(p, 1))])
         nodes.append(kept)
         emitted.append(tree.tokens[kept])
         node = kept
@@ -209,7 +208,7 @@ def test_cost_sized_token_trees_keep_sampling_exact(models, monkeypatch):
     assert len(set(verified)) >= 3 and max(verified) < 9, "the cost sizes each tree, differently per cycle"
     assert goodness_of_fit(draws, exact) > 1e-3
 
-    monkeypatch.setattr(tree_decoding, "verify_tree_sampled", accept_against_the_unchanged_target)
+    monkeypatch.setattr(decoding, "verify_sampled", accept_against_the_unchanged_target)
     control, _ = sample_with_drafter(target, drafter, settings, dflash_tree_nodes=9,
                                      dflash_adaptive_block=STEEP_TREE_COST)
     assert goodness_of_fit(control, exact) < 1e-6, "the test still detects a biased multi-draft scheme"
@@ -256,7 +255,7 @@ def test_token_trees_keep_sampling_exact(models, setting, case, monkeypatch):
     assert max(verified) > exceeded, "trees wider than one path (or than the drafted paths) were verified"
     assert goodness_of_fit(draws, exact) > 1e-3
 
-    monkeypatch.setattr(tree_decoding, "verify_tree_sampled", biased_verifier)
+    monkeypatch.setattr(decoding, "verify_sampled", biased_verifier)
     control, _ = sample_with_drafter(target, drafter, settings, **options)
     assert goodness_of_fit(control, exact) < 1e-6, why
 
@@ -329,6 +328,6 @@ def test_lookup_cycles_keep_sampling_exact(models, monkeypatch):
     assert sum(lookup_cycles) > SAMPLES / 4, "steps without drafting verified copied tokens"
     assert goodness_of_fit(draws, exact) > 1e-3
 
-    monkeypatch.setattr(tree_decoding, "verify_tree_sampled", ignore_the_rejected_guess)
+    monkeypatch.setattr(decoding, "verify_sampled", ignore_the_rejected_guess)
     control, _ = sample_with_drafter(target, drafter, settings, **options)
     assert goodness_of_fit(control, exact) < 1e-6, "a rejected guess must leave the residual, or the output is biased"

@@ -8,7 +8,7 @@ from transformers import DynamicCache
 from dflash2_hf.block_length import CycleCost
 from dflash2_hf.lattice import Lattice
 from dflash2_hf.tree import ROOT, DraftTree, keep_branch, likeliest_tree, sampled_tree, worthwhile_tree_size
-from dflash2_hf.verification import verify_tree_greedy
+from dflash2_hf.verification import verify_greedy
 
 PROMPT = torch.tensor([[5, 17, 33, 2, 71, 8]])
 
@@ -49,7 +49,7 @@ def test_each_node_sees_the_context_the_anchor_and_its_own_ancestors_only():
 def test_greedy_walk_follows_the_targets_choices_down_the_tree():
     tree = three_paths()
     choices = {ROOT: 10, 0: 13, 3: 99}
-    verdict = verify_tree_greedy(tree, choices.__getitem__)
+    verdict = verify_greedy(tree, choices.__getitem__)
     assert verdict.nodes == [0, 3] and verdict.emitted == [10, 13, 99]
 
 

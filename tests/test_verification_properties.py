@@ -10,8 +10,9 @@ pieces :func:`verify_sampled` itself draws with (:func:`acceptance_probability`,
   emitted tokens (kept drafts, then the replacement or bonus token), continued by the target up to L + 1 tokens, have
   the probability ``prod_k p_k`` of every sequence, i.e. the distribution of sampling L + 1 tokens from the target.
 
-Greedy and sampled verification, on random blocks, emit the accepted prefix of the path plus one token, and accept at
-most the path's length; greedy keeps exactly the longest prefix matching the target's choices.
+Greedy and sampled verification of one drafted path (a one-branch tree: the verifier is the tree verifier), on random
+blocks, emit the accepted prefix of the path plus one token, and accept at most the path's length; greedy keeps
+exactly the longest prefix matching the target's choices.
 
 Negative control: a verifier that keeps tokens with the same probability but resamples from ``p`` instead of the
 residual fails the exactness check on a fixed example, and hypothesis finds such a failure with the same strategies,
@@ -28,6 +29,7 @@ import torch
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
+from dflash2_hf.tree import DraftTree
 from dflash2_hf.verification import (
     SparseDistribution,
     acceptance_probability,
@@ -199,15 +201,23 @@ def test_a_verified_block_continued_by_the_target_is_distributed_as_the_target(
 # --- block bounds ----------------------------------------------------------------------------------------------------
 
 
+def path_tree(path: list[int], drafts: list[SparseDistribution] | None = None) -> DraftTree:
+    """One drafted path as the verifier receives it: a one-branch tree (node ``i`` at depth ``i + 1``)."""
+    tree = DraftTree()
+    tree.add_path(path, drafts)
+    return tree
+
+
 @settings(deadline=None, max_examples=200)
 @given(
     path=st.lists(st.integers(0, 1), max_size=8),
     choices=st.lists(st.integers(0, 1), min_size=9, max_size=9),
 )
 def test_greedy_verification_emits_the_accepted_prefix_plus_one_token(path: list[int], choices: list[int]) -> None:
-    verdict = verify_greedy(path, choices.__getitem__)
-    assert 0 <= verdict.accepted <= len(path)
-    assert verdict.emitted == path[: verdict.accepted] + [choices[verdict.accepted]]
+    verdict = verify_greedy(path_tree(path), lambda node: choices[node + 1])
+    accepted = len(verdict.nodes)
+    assert 0 <= accepted <= len(path) and verdict.nodes == list(range(accepted))
+    assert verdict.emitted == path[:accepted] + [choices[accepted]]
 
 
 @settings(deadline=None, max_examples=200)
@@ -217,7 +227,7 @@ def test_greedy_verification_emits_the_accepted_prefix_plus_one_token(path: list
 )
 def test_greedy_verification_keeps_the_longest_prefix_matching_the_target(path: list[int], choices: list[int]) -> None:
     matching = next((i for i, token in enumerate(path) if token != choices[i]), len(path))
-    assert verify_greedy(path, choices.__getitem__).accepted == matching
+    assert len(verify_greedy(path_tree(path), lambda node: choices[node + 1]).nodes) == matching
 
 
 @settings(deadline=None, max_examples=200)
@@ -226,10 +236,11 @@ def test_sampled_verification_emits_the_accepted_prefix_plus_one_token(
     case: tuple[list[int], list[SparseDistribution], list[torch.Tensor], torch.Generator],
 ) -> None:
     path, drafts, target, generator = case
-    verdict = verify_sampled(path, drafts, target.__getitem__, generator)
-    assert 0 <= verdict.accepted <= len(path)
-    assert len(verdict.emitted) == verdict.accepted + 1
-    assert verdict.emitted[:-1] == path[: verdict.accepted]
+    verdict = verify_sampled(path_tree(path, drafts), lambda node: target[node + 1], generator)
+    accepted = len(verdict.nodes)
+    assert 0 <= accepted <= len(path) and verdict.nodes == list(range(accepted))
+    assert len(verdict.emitted) == accepted + 1
+    assert verdict.emitted[:-1] == path[:accepted]
 
 
 # --- negative control ------------------------------------------------------------------------------------------------
