@@ -61,6 +61,11 @@ def _cpuinfo() -> tuple[str, frozenset[str]]:
     return fields.get("model name", platform.machine()), frozenset(fields.get("flags", "").split())
 
 
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags as ``/proc/cpuinfo`` names them (``avx2``, ``avx512f``, ...); empty off Linux."""
+    return _cpuinfo()[1]
+
+
 def native_bf16_matmuls() -> bool:
     """Whether this CPU computes bf16 matmuls in hardware (AVX512-BF16 or AMX) and oneDNN may use them. Elsewhere
     oneDNN or PyTorch emulate them with float32 arithmetic plus conversions, and a bf16 model verifies many rows no
@@ -69,7 +74,7 @@ def native_bf16_matmuls() -> bool:
     limit = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
     if limit and limit not in ("ALL", "DEFAULT") and not any(isa in limit for isa in ("BF16", "AMX", "AVX10")):
         return False
-    return bool({"avx512_bf16", "amx_bf16"} & _cpuinfo()[1])
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 #: The probe of :func:`bf16_rows_independent`: reduction lengths (a layer's input width) and block heights. oneDNN

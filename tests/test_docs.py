@@ -188,6 +188,9 @@ DOCUMENTED_COMMANDS = {
         "tests/test_scripts.py::test_long_run_memory_script_records_the_peak_at_every_mark_and_writes_it",
     "python scripts/long_run_memory.py --out docs/results/long_run_memory.json":
         "tests/test_scripts.py::test_long_run_memory_script_records_the_peak_at_every_mark_and_writes_it",
+    # docs/generation.md: the device check, on the CPU (CI has no GPU), 2 prompts of 16 tokens, 300 samples.
+    "python scripts/device_check.py":
+        "tests/test_scripts.py::test_device_check_passes_its_three_checks_on_the_cpu",
     # docs/drafter.md: the reference fixtures. CI builds the reference venv; a slow test reruns the fixture script in
     # it and checks the committed fixtures are what it writes.
     "python -m venv .venv-reference": "CI: python3 -m venv .venv-reference",

@@ -3,10 +3,11 @@
 
 import pytest
 import torch
-from conftest import randomize, tiny_drafter
+from conftest import tiny_drafter
 from scripted import scripted_drafter
 from transformers import AutoModelForCausalLM, LlamaConfig, pipeline
 
+from dflash2_hf.exactness import randomize
 from dflash2_hf.presets import SMOLLM2_135M
 
 VOCAB = 49152

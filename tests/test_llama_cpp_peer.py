@@ -1,5 +1,5 @@
 """llama.cpp's plain decoding as a benchmark peer, on the real SmolLM2-135M-Instruct GGUF file (slow: CI builds
-llama-cpp-python for this CPU in `.ci/run`)."""
+llama-cpp-python for this CPU in `.ci/run`), and the build command it asks for (fast)."""
 
 import contextlib
 import io
@@ -11,10 +11,19 @@ import torch
 from dflash2_hf.cli import main
 from dflash2_hf.cpu_kernels import packed_linears_supported
 from dflash2_hf.evaluation import benchmark_prompts
-from dflash2_hf.llama_cpp_peer import LlamaCppMethod
+from dflash2_hf import cpu_kernels
+from dflash2_hf.llama_cpp_peer import LlamaCppMethod, install_command
 from dflash2_hf.presets import SHIPPED_DRAFTERS, SMOLLM2_135M, load_target
 
-pytestmark = pytest.mark.slow
+slow = pytest.mark.slow
+
+
+@pytest.mark.parametrize("flags, avx512", [({"avx2", "fma"}, "OFF"), ({"avx2", "avx512f", "avx512_bf16"}, "ON"),
+                                           (set(), "OFF")])
+def test_the_build_command_asks_for_avx512_only_on_a_cpu_that_has_it(monkeypatch, flags, avx512):
+    """An AVX-512 build dies with "Illegal instruction" on an AVX2-only CPU: the hint must follow the CPU."""
+    monkeypatch.setattr(cpu_kernels, "_cpuinfo", lambda: ("a CPU", frozenset(flags)))
+    assert f"-DGGML_AVX512={avx512} " in install_command() and "-DGGML_NATIVE=OFF" in install_command()
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +33,7 @@ def smollm2():
     return target, tokenizer, LlamaCppMethod(folder / name, threads=2)
 
 
+@slow
 def test_llama_cpp_decodes_the_same_model_from_the_same_prompt_tokens(smollm2):
     target, tokenizer, llama = smollm2
     (_, prompt), = benchmark_prompts(tokenizer, ["humaneval"], 1)
@@ -35,6 +45,7 @@ def test_llama_cpp_decodes_the_same_model_from_the_same_prompt_tokens(smollm2):
     assert torch.equal(decoded.sequence[0, prompt.shape[1] : prompt.shape[1] + 8], plain[0, prompt.shape[1] : prompt.shape[1] + 8])
 
 
+@slow
 def test_llama_cpp_stops_at_the_targets_end_of_turn_token(smollm2):
     target, tokenizer, llama = smollm2
     messages = [{"role": "user", "content": "Reply with the single word: yes"}]
@@ -44,6 +55,7 @@ def test_llama_cpp_stops_at_the_targets_end_of_turn_token(smollm2):
     assert decoded.sequence.shape[1] - prompt.shape[1] < 64
 
 
+@slow
 def test_llama_cpp_sampling_is_reproducible_per_seed(smollm2):
     target, tokenizer, llama = smollm2
     (_, prompt), = benchmark_prompts(tokenizer, ["mtbench"], 1)
@@ -64,6 +76,7 @@ def bench_report(tmp_path, *argv: str) -> dict:
     return json.loads((out / "results.json").read_text())
 
 
+@slow
 def test_bench_runs_llama_cpp_next_to_trees_and_adaptive_blocks(tmp_path, monkeypatch):
     """docs/results.md's SmolLM2 runs with `--paths greedy --adaptive-block --tree-nodes 8 16 --lookup-tokens 16
     --llama-cpp`, on the shipped drafter named by `--drafter` (one tree size), as docs/training.md's Qwen2.5-Coder run
@@ -78,6 +91,7 @@ def test_bench_runs_llama_cpp_next_to_trees_and_adaptive_blocks(tmp_path, monkey
     assert report["settings"]["llama_cpp"] == "0.3.36"
 
 
+@slow
 def test_bench_runs_llama_cpp_without_a_drafter(tmp_path):
     """docs/results.md's Qwen2.5-Coder runs (`--no-drafter --llama-cpp`), on SmolLM2 (CI installs no 1.5B parts)."""
     report = bench_report(tmp_path, "--target", "smollm2-135m", "--assistant", "smollm2-135m", "--no-drafter",
@@ -86,6 +100,7 @@ def test_bench_runs_llama_cpp_without_a_drafter(tmp_path):
                                                             "llama.cpp plain (GGUF)"}
 
 
+@slow
 def test_bench_runs_every_method_also_on_packed_linears_next_to_llama_cpp(tmp_path):
     """docs/results.md's bf16 run with `--packed-linears --llama-cpp` (one tree size with its lookup branch)."""
     if not packed_linears_supported():
@@ -99,6 +114,7 @@ def test_bench_runs_every_method_also_on_packed_linears_next_to_llama_cpp(tmp_pa
     assert packed["mean_acceptance_length"] == ours["mean_acceptance_length"], "the same tokens accepted"
 
 
+@slow
 def test_bench_without_a_drafter_runs_packed_twins_next_to_llama_cpp(tmp_path):
     """docs/results.md's Qwen2.5-Coder-0.5B run with `--no-drafter --llama-cpp --packed-linears`, on SmolLM2."""
     if not packed_linears_supported():

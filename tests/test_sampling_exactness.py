@@ -20,19 +20,18 @@ branches' one.
 """
 
 import functools
-import itertools
 
 import pytest
 import torch
 from conftest import steep_cost, tiny_drafter, tiny_target
-from scipy.stats import chisquare
 
 import dflash2_hf
 from dflash2_hf import decoding
 from dflash2_hf.block_length import CycleCost
+from dflash2_hf.exactness import continuation_distribution, goodness_of_fit, keep_every_draft, walk_down
 from dflash2_hf.lattice import path_confidences
 from dflash2_hf.planning import DraftingGuard
-from dflash2_hf.verification import Verdict, rejection_distribution
+from dflash2_hf.verification import rejection_distribution
 
 VOCAB, NEW_TOKENS, SAMPLES = 5, 4, 1000
 PROMPT = torch.tensor([[1, 3, 2, 0]])
@@ -51,24 +50,8 @@ def models():
 
 
 def exact_distribution(target, settings) -> dict[tuple[int, ...], float]:
-    """P(continuation) under plain sampling, from the processed scores plain `generate` itself samples from."""
-
-    def next_probs(prefix: tuple[int, ...]) -> torch.Tensor:
-        inputs = torch.cat([PROMPT, torch.tensor([prefix], dtype=torch.long)], dim=1) if prefix else PROMPT
-        out = target.generate(inputs, max_new_tokens=1, do_sample=True, return_dict_in_generate=True,
-                              output_scores=True, top_k=settings.get("top_k", 0), **_without_top_k(settings))
-        return torch.softmax(out.scores[0][0].double(), dim=-1)
-
-    probs, cache = {}, {}
-    for continuation in itertools.product(range(VOCAB), repeat=NEW_TOKENS):
-        total = 1.0
-        for i, token in enumerate(continuation):
-            prefix = continuation[:i]
-            if prefix not in cache:
-                cache[prefix] = next_probs(prefix)
-            total *= float(cache[prefix][token])
-        probs[continuation] = total
-    return probs
+    """P(continuation) of every 4-token continuation of PROMPT under plain sampling with ``settings``."""
+    return continuation_distribution(target, PROMPT, NEW_TOKENS, **settings)
 
 
 def _without_top_k(settings):
@@ -93,24 +76,6 @@ def sample_with_drafter(target, drafter, settings, seed=0, **dflash_kwargs) -> t
     return draws, per_cycle
 
 
-def goodness_of_fit(draws, exact) -> float:
-    """Chi-square p-value of the draws against the exact distribution, pooling cells expected below 5."""
-    counts = {key: 0 for key in exact}
-    for draw in draws:
-        counts[draw] += 1
-    big = [key for key in exact if exact[key] * len(draws) >= 5]
-    small = [key for key in exact if key not in big]
-    observed = [counts[key] for key in big] + [sum(counts[key] for key in small)]
-    expected = [exact[key] * len(draws) for key in big] + [sum(exact[key] for key in small) * len(draws)]
-    scale = len(draws) / sum(expected)  # remove float rounding so the totals match
-    return float(chisquare(observed, [e * scale for e in expected]).pvalue)
-
-
-def accept_every_draft(tree, target_probs, generator=None):
-    """Negative control: keep every drafted token of the path (no rejection), then a bonus token from the target."""
-    return walk_down(tree, target_probs, lambda node, p: (next(iter(tree.draws.get(node, [])), None), p))
-
-
 @pytest.mark.parametrize("setting", SETTINGS)
 def test_sampled_continuations_follow_the_target_distribution(models, setting, monkeypatch):
     target, drafter = models
@@ -122,7 +87,7 @@ def test_sampled_continuations_follow_the_target_distribution(models, setting, m
     assert {1, 2, 3} <= set(acceptance), "rejections at both drafted positions and fully accepted blocks all occur"
     assert goodness_of_fit(draws, exact) > 1e-3
 
-    monkeypatch.setattr(decoding, "verify_sampled", accept_every_draft)
+    monkeypatch.setattr(decoding, "verify_sampled", keep_every_draft)
     control, _ = sample_with_drafter(target, drafter, settings)
     assert goodness_of_fit(control, exact) < 1e-6, "the test must be able to detect a biased decoder"
 
@@ -135,7 +100,7 @@ def test_the_public_seam_samples_the_target_distribution(models, monkeypatch):
     assert {1, 2, 3} <= set(acceptance)
     assert goodness_of_fit(draws, exact) > 1e-3
 
-    monkeypatch.setattr(decoding, "verify_sampled", accept_every_draft)
+    monkeypatch.setattr(decoding, "verify_sampled", keep_every_draft)
     control, _ = sample_with_drafter(target, drafter, settings, seam=True)
     assert goodness_of_fit(control, exact) < 1e-6, "the test must be able to detect a biased decoder"
 
@@ -163,19 +128,6 @@ def test_adaptive_blocks_keep_sampling_exact(models, monkeypatch):
     monkeypatch.setattr(decoding, "path_confidences", peeking_confidences)
     control, _ = sample_with_drafter(target, drafter, settings, dflash_adaptive_block=STEEP_COST)
     assert goodness_of_fit(control, exact) < 1e-6, "a cut that looks at the sampled tokens biases the output"
-
-
-def walk_down(tree, target_probs, choose) -> Verdict:
-    """A tree walk for the negative controls: ``choose(node, p)`` gives the kept child (or ``None``) and the
-    distribution the emitted token is drawn from when none is kept."""
-    node, nodes, emitted = -1, [], []
-    while True:
-        kept, p = choose(node, target_probs(node))
-        if kept is None:
-            return Verdict(nodes, emitted + [int(torch.multinomial(p, 1))])
-        nodes.append(kept)
-        emitted.append(tree.tokens[kept])
-        node = kept
 
 
 def keeps_draw(tree, child, p, q) -> bool:

@@ -94,3 +94,31 @@ def test_linear_kernels_probe_times_each_kernel_per_row_count_and_checks_rows_ar
     assert all(set(times) == {"1", "2"} and min(times.values()) > 0 for times in record["ms_per_forward"].values())
     assert record["rows_independent"] == {"bf16": True, "int8": True, "int4": True}
     assert "| int4 |" in result.stdout
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--samples", "0"], "device_check.py: --samples must be >= 1, got 0."),
+    (["--per-source", "-2"], "device_check.py: --per-source must be >= 1, got -2."),
+    (["--device", "no_such_device"], "device_check.py: --device no_such_device: not usable here ("),
+    (["--drafter", "no/such/folder"], "device_check.py: --drafter no/such/folder: no config.json there"),
+])
+def test_device_check_refuses_bad_input_in_one_line_before_loading_a_model(argv, message):
+    command = [sys.executable, str(ROOT / "scripts" / "device_check.py"), *argv]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 1 and message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert "Loading" not in result.stderr
+
+
+@pytest.mark.slow
+def test_device_check_passes_its_three_checks_on_the_cpu(tmp_path):
+    """scripts/device_check.py as docs/generation.md shows it, on the CPU (CI has no GPU): 1 prompt per source,
+    16 new tokens, 300 samples."""
+    out = tmp_path / "device_check.json"
+    command = [sys.executable, str(ROOT / "scripts" / "device_check.py"), "--device", "cpu", "--per-source", "1",
+               "--max-new-tokens", "16", "--samples", "300", "--out", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["greedy_identity"]["identical"] == {"custom_generate": 2, "assistant_model": 2}
+    assert report["exact_sampling"]["p_value"] > 1e-3 > 1e-6 > report["exact_sampling"]["biased_control_p_value"]
+    assert report["speed"]["seconds"]["plain"] > 0 and report["speed"]["seconds"]["dflash2"] > 0
