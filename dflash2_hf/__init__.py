@@ -3,16 +3,17 @@
 Importing the package registers the drafter with the transformers Auto classes, so ``AutoConfig`` and ``AutoModel``
 load saved drafter folders without ``trust_remote_code``, and lets ``target.generate(assistant_model=drafter)`` run
 DFlash decoding, as does the public seam ``target.generate(custom_generate=dflash2_hf.custom_generate,
-drafter=drafter)`` (see :mod:`dflash2_hf.integration`).
+drafter=drafter)`` (see :mod:`dflash2_hf.generation.integration`).
 """
 
 from transformers import AutoConfig, AutoModel
 
-from . import integration
-from .block_length import CycleCost
-from .decoding import DFlashGenerateOutput, DFlashStats
-from .integration import custom_generate
-from .lattice import PathStrategy
+from . import _moved
+from .cost.cycle_cost import CycleCost
+from .drafting.lattice import PathStrategy
+from .generation import integration
+from .generation.integration import custom_generate
+from .generation.stats import DFlashGenerateOutput, DFlashStats
 from .modeling import (
     CandidateSelector,
     DFlash2DraftModel,
@@ -24,6 +25,7 @@ from .modeling import (
 AutoConfig.register(DFlashConfig.model_type, DFlashConfig, exist_ok=True)
 AutoModel.register(DFlashConfig, DFlashDraftModel, exist_ok=True)
 integration.install()
+_moved.install()
 
 __version__ = "0.1.0"
 

@@ -8,7 +8,7 @@ The exported folder holds
 * ``generation_config.json`` with the path strategy and block size ``generate`` uses when a call does not choose
   (``dflash_path``, ``dflash_block_size``). ``generate`` reads its defaults from the drafter config, not from this
   file, so a chosen path is also stored as the config's ``default_path_strategy`` and both files are derived from
-  the same resolved :class:`~dflash2_hf.drafting.DraftOptions`;
+  the same resolved :class:`~dflash2_hf.generation.config.DraftOptions`;
 * ``README.md``, a model card: YAML metadata, usage, the training record (``training.json`` next to the drafter) and
   the measurements of a ``dflash2-hf bench`` report when one is given. Nothing is filled in that was not recorded.
 
@@ -33,10 +33,10 @@ import torch
 from huggingface_hub import ModelCardData
 from transformers import GenerationConfig
 
-from .benchmark import markdown_table
-from .checkpoint import check_writable_folder
-from .drafting import DraftOptions
+from .generation.config import DraftOptions
+from .measuring.benchmark import markdown_table
 from .modeling import DFLASH_FIELDS, DFlashConfig, DFlashDraftModel
+from .training.checkpoint import check_writable_folder
 
 CARD_TAGS = ["speculative-decoding", "dflash", "dflash2"]
 
@@ -93,7 +93,7 @@ def describe_config(config: DFlashConfig) -> dict:
 
 def check_destination(out: Path, drafter_folder: Path, overwrite: bool) -> None:
     """Refuse an output folder that cannot be written (a file, a path under a file, a place where no folder can be
-    made: :func:`~dflash2_hf.checkpoint.check_writable_folder`) or that holds anything (unless ``overwrite``), and
+    made: :func:`~dflash2_hf.training.checkpoint.check_writable_folder`) or that holds anything (unless ``overwrite``), and
     never replace the source itself."""
     try:
         check_writable_folder(out)

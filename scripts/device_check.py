@@ -28,12 +28,13 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import dflash2_hf
-from dflash2_hf import DFlash2DraftModel, DFlashConfig, DFlashDraftModel, decoding
-from dflash2_hf.cli import check_target_argument, drafter_config, refuse_below
-from dflash2_hf.evaluation import benchmark_prompts
-from dflash2_hf.exactness import continuation_distribution, goodness_of_fit, keep_every_draft, randomize
+from dflash2_hf import DFlash2DraftModel, DFlashConfig, DFlashDraftModel
+from dflash2_hf.cli.checks import check_target_argument, drafter_config, refuse_below
+from dflash2_hf.cost.timing import device_seconds
+from dflash2_hf.generation import loop
+from dflash2_hf.measuring.evaluation import benchmark_prompts
+from dflash2_hf.measuring.exactness import continuation_distribution, goodness_of_fit, keep_every_draft, randomize
 from dflash2_hf.presets import default_drafter_folder, load_target
-from dflash2_hf.timing import device_seconds
 
 COMMAND = "device_check.py"
 VOCAB, NEW_TOKENS, PROMPT = 5, 4, [[1, 3, 2, 0]]
@@ -79,12 +80,12 @@ def exact_sampling(device: torch.device, samples: int) -> dict:
     target, drafter = tiny_pair(device)
     exact = continuation_distribution(target, torch.tensor(PROMPT, device=device), NEW_TOKENS, temperature=1.0)
     p_value = goodness_of_fit(sampled_continuations(target, drafter, samples), exact)
-    real_verifier = decoding.verify_sampled
-    decoding.verify_sampled = keep_every_draft
+    real_verifier = loop.verify_sampled
+    loop.verify_sampled = keep_every_draft
     try:
         control = goodness_of_fit(sampled_continuations(target, drafter, samples), exact)
     finally:
-        decoding.verify_sampled = real_verifier
+        loop.verify_sampled = real_verifier
     return {"samples": samples, "p_value": p_value, "biased_control_p_value": control,
             "passed": p_value > 1e-3 and control < 1e-6}
 

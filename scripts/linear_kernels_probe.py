@@ -9,7 +9,7 @@ fewer bytes, which is how llama.cpp decodes a 4-bit GGUF file fast on a CPU. Thi
 every linear layer of the target (the LM head included) on the same real weights through three PyTorch CPU kernels:
 
 * ``bf16``: the weights in bf16, packed once for oneDNN (each layer's forward under
-  :class:`dflash2_hf.cpu_kernels.PackedLinears`);
+  :class:`dflash2_hf.cpu.kernels.PackedLinears`);
 * ``int8``: ``torch.ops.aten._weight_int8pack_mm``, int8 weights with one bf16 scale per output channel;
 * ``int4``: ``torch.ops.aten._weight_int4pack_mm_for_cpu``, 4-bit weights in groups of 32 along the input, a bf16
   scale and offset per group (the layout of GGUF's Q4_1 blocks).
@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dflash2_hf.cpu_kernels import PackedLinears, packed_linears_supported, rows_match_alone
+from dflash2_hf.cpu.kernels import PackedLinears, packed_linears_supported, rows_match_alone
 from dflash2_hf.presets import load_target
 
 GROUP = 32  # input features per int4 group, as in GGUF's Q4_0/Q4_1 blocks

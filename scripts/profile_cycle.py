@@ -5,13 +5,13 @@
                                     [--out profile.json]
 
 Runs ``generate`` once to warm up, then once under ``torch.profiler`` and reads the wall time of each step of the
-cycle, as labelled in :mod:`dflash2_hf.decoding` (``dflash2.draft``, ``dflash2.select``, ``dflash2.verify_forward``,
+cycle, as labelled in :mod:`dflash2_hf.generation.loop` (``dflash2.draft``, ``dflash2.select``, ``dflash2.verify_forward``,
 ``dflash2.verify_decide``, ``dflash2.cache_crop``, ``dflash2.emit``, ``dflash2.context``, and the fallback's
 ``dflash2.plain_step``); what no label covers is
 the loop's own Python work. Plain decoding of the same prompt is timed in the same run for scale (with
 ``--packed-linears``, both run on packed linears (oneDNN, bf16 or float32;
-:class:`dflash2_hf.cpu_kernels.PackedLinears`); with
-``--exact-attention``, the target runs the float64 attention of :mod:`dflash2_hf.exact_attention` in both). Prints a
+:class:`dflash2_hf.cpu.kernels.PackedLinears`); with
+``--exact-attention``, the target runs the float64 attention of :mod:`dflash2_hf.cpu.exact_attention` in both). Prints a
 Markdown table and writes the numbers as JSON.
 """
 
@@ -26,9 +26,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from dflash2_hf import DFlashDraftModel
-from dflash2_hf.cli import check_bf16_cpu_options
-from dflash2_hf.cpu_kernels import PackedLinears
-from dflash2_hf.exact_attention import ExactAttention
+from dflash2_hf.cli.checks import check_bf16_cpu_options
+from dflash2_hf.cpu.exact_attention import ExactAttention
+from dflash2_hf.cpu.kernels import PackedLinears
 from dflash2_hf.presets import default_drafter_folder, load_target
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and a short test."

@@ -11,9 +11,9 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
 from dflash2_hf import DFlashConfig, DFlashDraftModel
-from dflash2_hf.block_length import CycleCost
-from dflash2_hf.cpu_kernels import exact_bf16_supported, packed_linears_supported
-from dflash2_hf.exactness import randomize
+from dflash2_hf.cost.cycle_cost import CycleCost
+from dflash2_hf.cpu.kernels import exact_bf16_supported, packed_linears_supported
+from dflash2_hf.measuring.exactness import randomize
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PUBLISHED = FIXTURES / "published"

@@ -10,8 +10,7 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import new_drafter, random_records, tiny_target  # noqa: E402
-
-from dflash2_hf.training import DrafterTrainer, TrainingConfig  # noqa: E402
+from dflash2_hf.training.trainer import DrafterTrainer, TrainingConfig  # noqa: E402
 
 
 def main(out: Path) -> None:

@@ -24,9 +24,8 @@ from transformers import PreTrainedTokenizerFast
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import TINY_VOCAB, new_drafter, random_records, tiny_target  # noqa: E402
-
-from dflash2_hf.data import ResponseGenerator  # noqa: E402
-from dflash2_hf.training import DrafterTrainer, TrainingConfig  # noqa: E402
+from dflash2_hf.training.data import ResponseGenerator  # noqa: E402
+from dflash2_hf.training.trainer import DrafterTrainer, TrainingConfig  # noqa: E402
 
 STEPS, CHECKPOINT_EVERY = 12, 3
 PROMPTS, BATCH_SIZE, NEW_TOKENS = 20, 2, 16

@@ -4,12 +4,20 @@ import json
 
 import pytest
 import torch
-from conftest import tiny_drafter, tiny_target
 
-from dflash2_hf import block_length
-from dflash2_hf.benchmark import (Benchmark, Method, Run, draft_recall, oracle_acceptance, standard_methods, summarize,
-                                  write_report)
-from dflash2_hf.decoding import DraftRecord
+from conftest import tiny_drafter, tiny_target
+from dflash2_hf.cost import cycle_cost
+from dflash2_hf.generation.stats import DraftRecord
+from dflash2_hf.measuring.benchmark import (
+    Benchmark,
+    Method,
+    Run,
+    draft_recall,
+    oracle_acceptance,
+    standard_methods,
+    summarize,
+    write_report,
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +40,7 @@ def test_every_method_runs_at_every_temperature(report):
 
 
 def test_the_report_names_the_cpu_and_gives_the_speedup_by_prompt_source(report):
-    from dflash2_hf.cpu_kernels import cpu_description
+    from dflash2_hf.cpu.kernels import cpu_description
 
     results, folder = report
     markdown = (folder / "results.md").read_text()
@@ -128,7 +136,7 @@ def test_without_a_drafter_only_the_drafter_free_methods_run():
 
 
 def test_speedup_quartiles_stay_within_the_observed_ratios():
-    from dflash2_hf.benchmark import Run, summarize
+    from dflash2_hf.measuring.benchmark import Run, summarize
 
     runs = [Run("plain", i, "code", 0.0, 10, 1.0) for i in range(2)]
     runs += [Run("fast", 0, "code", 0.0, 10, 0.25), Run("fast", 1, "code", 0.0, 10, 1.0)]
@@ -137,7 +145,7 @@ def test_speedup_quartiles_stay_within_the_observed_ratios():
 
 
 def test_a_report_without_drafting_methods_has_no_empty_acceptance_table(tmp_path):
-    from dflash2_hf.benchmark import Run
+    from dflash2_hf.measuring.benchmark import Run
 
     runs = [Run(m, i, "code", 0.0, 10, 1.0) for m in ("plain", "prompt lookup") for i in range(2)]
     write_report(runs, tmp_path, "dflash2-hf bench (test)", {})
@@ -145,8 +153,8 @@ def test_a_report_without_drafting_methods_has_no_empty_acceptance_table(tmp_pat
 
 
 def test_packed_linears_give_each_generate_method_a_packed_twin():
-    from dflash2_hf.benchmark import Method, with_packed_linears
-    from dflash2_hf.cpu_kernels import PackedLinears, packed_linears_supported
+    from dflash2_hf.cpu.kernels import PackedLinears, packed_linears_supported
+    from dflash2_hf.measuring.benchmark import Method, with_packed_linears
 
     if not packed_linears_supported():
         pytest.skip("this CPU has no oneDNN bf16 matmuls")
@@ -173,13 +181,13 @@ def test_one_time_set_up_happens_in_the_warm_up_not_in_a_timed_run(target, draft
     benchmark = Benchmark(target, [Method("plain"), Method("cost-sized", {
         "assistant_model": drafter, "dflash_path": "greedy", "dflash_adaptive_block": True})], max_new_tokens=8)
     measured_after_runs = []
-    measure = block_length.measure_cycle_cost
+    measure = cycle_cost.measure_cycle_cost
 
     def recording_measure(*args, **kwargs):
         measured_after_runs.append(len(benchmark.runs))
         return measure(*args, **kwargs)
 
-    monkeypatch.setattr(block_length, "measure_cycle_cost", recording_measure)
+    monkeypatch.setattr(cycle_cost, "measure_cycle_cost", recording_measure)
     prompt = torch.randint(0, 90, (1, 10), generator=torch.Generator().manual_seed(0))
     benchmark.run([("code", prompt), ("chat", prompt + 1)], [0.0])
     assert measured_after_runs == [0], "the cost is measured once, before the first timed run"

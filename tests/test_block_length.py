@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-from dflash2_hf.block_length import CycleCost, cycle_cost_for, interpolate, measure_cycle_cost
-from dflash2_hf.cpu_kernels import PackedLinears
-from dflash2_hf.lattice import Lattice, path_confidences
+from dflash2_hf.cost.cycle_cost import CycleCost, cycle_cost_for, interpolate, measure_cycle_cost
+from dflash2_hf.cpu.kernels import PackedLinears
+from dflash2_hf.drafting.lattice import Lattice, path_confidences
 
 PROMPT = torch.tensor([[5, 17, 33, 2, 71, 8]])
 

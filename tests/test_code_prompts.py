@@ -3,10 +3,16 @@ sources come from, and that the HumanEval problems themselves never become train
 
 import pytest
 
-from dflash2_hf.code_prompts import code_conversations, code_request, function_stubs, source_files, standard_library
-from dflash2_hf.data import evaluation_prompts, excluded_from_training, training_prompts
-from dflash2_hf.evaluation import chat_inputs
+from dflash2_hf.measuring.evaluation import chat_inputs
 from dflash2_hf.presets import SMOLLM2_135M
+from dflash2_hf.training.code_prompts import (
+    code_conversations,
+    code_request,
+    function_stubs,
+    source_files,
+    standard_library,
+)
+from dflash2_hf.training.data import evaluation_prompts, excluded_from_training, training_prompts
 
 SOURCE = '''import math
 

@@ -3,12 +3,12 @@ add to a token tree (greedy output stays identical; sampling exactness is in tes
 
 import pytest
 import torch
-from conftest import tiny_drafter
 
-from dflash2_hf.block_length import CycleCost
-from dflash2_hf.context_lookup import LookupOdds, lookup_continuation, lookup_match
-from dflash2_hf.tree import ROOT, DraftTree
-from dflash2_hf.verification import verify_greedy
+from conftest import tiny_drafter
+from dflash2_hf.cost.cycle_cost import CycleCost
+from dflash2_hf.drafting.lookup import LookupOdds, lookup_continuation, lookup_match
+from dflash2_hf.drafting.tree import ROOT, DraftTree
+from dflash2_hf.generation.verification import verify_greedy
 
 
 def test_the_tokens_after_an_earlier_occurrence_of_the_suffix_are_the_guess():
@@ -144,7 +144,7 @@ def test_a_lookup_branch_accepts_more_tokens_on_a_repetitive_output(target, draf
 
 
 def test_max_matching_ngram_size_sets_the_longest_suffix_the_lookup_matches(target, drafter, monkeypatch):
-    import dflash2_hf.decoding as decoding
+    import dflash2_hf.generation.loop as decoding
 
     sizes = []
 
@@ -207,7 +207,7 @@ def test_steps_without_drafting_stay_plain_where_rows_cost_a_forward(target, dra
 @pytest.mark.parametrize("matched,copies", [(1, False), (2, True)])
 def test_a_step_without_drafting_copies_only_after_a_match_of_two_tokens_or_more(target, drafter, monkeypatch,
                                                                                  matched, copies):
-    import dflash2_hf.decoding as decoding
+    import dflash2_hf.generation.loop as decoding
 
     monkeypatch.setattr(decoding, "lookup_match", lambda tokens, length, max_ngram: (tokens[len(tokens) - length:], matched))
     ours = target.generate(PROMPT, max_new_tokens=30, do_sample=False, assistant_model=drafter, dflash_tree_nodes=4,

@@ -5,10 +5,10 @@ exact setting are read from the CPU itself."""
 
 import pytest
 import torch
-from conftest import needs_exact_bf16, needs_onednn_bf16, tiny_drafter, tiny_target
 
-from dflash2_hf import cpu_kernels
-from dflash2_hf.cpu_kernels import PackedLinears, fastest_exact_setting, packed_linears_supported
+from conftest import needs_exact_bf16, needs_onednn_bf16, tiny_drafter, tiny_target
+from dflash2_hf.cpu import kernels as cpu_kernels
+from dflash2_hf.cpu.kernels import PackedLinears, fastest_exact_setting, packed_linears_supported
 
 PROMPT = torch.tensor([[5, 17, 33, 2, 71, 8]])
 needs_onednn_float32 = pytest.mark.skipif(not packed_linears_supported(torch.float32),
@@ -206,7 +206,7 @@ def test_the_row_probe_agrees_with_smollm2s_own_layers_on_a_real_block():
     of a 32-token HumanEval prompt, give each row what it gives alone, with their own forward and packed (and
     packed what their own forward gives), exactly where the probe says rows are independent (on the AMD EPYC with
     AVX512-BF16 measured, its 1536-wide down projections do not)."""
-    from dflash2_hf.evaluation import benchmark_prompts
+    from dflash2_hf.measuring.evaluation import benchmark_prompts
     from dflash2_hf.presets import load_target
 
     target, tokenizer = load_target("smollm2-135m", dtype=torch.bfloat16)
@@ -266,7 +266,7 @@ def test_a_cpu_without_onednn_bf16_is_refused(bf16_target):
 def smollm2_bf16():
     """The real SmolLM2-135M, its shipped drafter (both bf16) and one HumanEval prompt."""
     from dflash2_hf import DFlashDraftModel
-    from dflash2_hf.evaluation import benchmark_prompts
+    from dflash2_hf.measuring.evaluation import benchmark_prompts
     from dflash2_hf.presets import default_drafter_folder, load_target
 
     target, tokenizer = load_target("smollm2-135m", dtype=torch.bfloat16)
@@ -303,7 +303,7 @@ def test_smollm2_decodes_plain_decodings_tokens_on_packed_float32_linears():
     """The real SmolLM2-135M and its shipped drafter in float32, one HumanEval and one MT-Bench prompt: plain decoding
     and the default plan on packed float32 linears give unpacked plain decoding's tokens."""
     from dflash2_hf import DFlashDraftModel
-    from dflash2_hf.evaluation import benchmark_prompts
+    from dflash2_hf.measuring.evaluation import benchmark_prompts
     from dflash2_hf.presets import default_drafter_folder, load_target
 
     target, tokenizer = load_target("smollm2-135m", dtype=torch.float32)

@@ -5,10 +5,10 @@ import warnings
 
 import pytest
 import torch
-from conftest import needs_exact_bf16, needs_onednn_bf16, tiny_drafter, tiny_target
 from transformers import DynamicCache
 
-from dflash2_hf.exact_attention import EXACT_ATTENTION, ROWS_ROUND_DIFFERENTLY, ExactAttention, float64_attention
+from conftest import needs_exact_bf16, needs_onednn_bf16, tiny_drafter, tiny_target
+from dflash2_hf.cpu.exact_attention import EXACT_ATTENTION, ROWS_ROUND_DIFFERENTLY, ExactAttention, float64_attention
 
 SHAPES = [(prefix, block) for prefix in (7, 37, 64, 100) for block in (2, 5, 9, 16, 25)]
 
@@ -83,7 +83,7 @@ def test_float64_attention_refuses_dropout():
 
 @pytest.mark.parametrize("independent", [True, False])
 def test_the_exact_attention_warns_where_the_cpus_bf16_blocks_stay_inexact(monkeypatch, independent):
-    monkeypatch.setattr("dflash2_hf.exact_attention.bf16_rows_independent", lambda: independent)
+    monkeypatch.setattr("dflash2_hf.cpu.exact_attention.bf16_rows_independent", lambda: independent)
     model = tiny_target("llama", seed=1).to(torch.bfloat16)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -108,8 +108,8 @@ def smollm2_bf16():
     """The real SmolLM2-135M and its shipped drafter in bf16 on packed linears, one HumanEval and one MT-Bench prompt
     (the data packages CI installs)."""
     from dflash2_hf import DFlashDraftModel
-    from dflash2_hf.cpu_kernels import PackedLinears
-    from dflash2_hf.evaluation import benchmark_prompts
+    from dflash2_hf.cpu.kernels import PackedLinears
+    from dflash2_hf.measuring.evaluation import benchmark_prompts
     from dflash2_hf.presets import default_drafter_folder, load_target
 
     target, tokenizer = load_target("smollm2-135m", dtype=torch.bfloat16)

@@ -1,12 +1,12 @@
-"""The statistics of the exactness checks (dflash2_hf.exactness), which the sampling tests and
+"""The statistics of the exactness checks (dflash2_hf.measuring.exactness), which the sampling tests and
 scripts/device_check.py share."""
 
 import pytest
 import torch
-from conftest import tiny_target
 from scipy.stats import chisquare
 
-from dflash2_hf.exactness import chi_square_pvalue, continuation_distribution, goodness_of_fit
+from conftest import tiny_target
+from dflash2_hf.measuring.exactness import chi_square_pvalue, continuation_distribution, goodness_of_fit
 
 EXACT = {(0,): 0.5, (1,): 0.3, (2,): 0.15, (3,): 0.05}
 

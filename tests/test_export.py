@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import PUBLISHED, tiny_drafter, tiny_target
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from conftest import PUBLISHED, tiny_drafter, tiny_target
 from dflash2_hf import DFlash2DraftModel, DFlashDraftModel
-from dflash2_hf.benchmark import Run, markdown_table, summarize
 from dflash2_hf.cli import main
 from dflash2_hf.export import NO_MEASUREMENTS, ExportError, export_drafter
+from dflash2_hf.measuring.benchmark import Run, markdown_table, summarize
 from dflash2_hf.modeling import configuration_dflash, modeling_dflash
-from dflash2_hf.training import TrainingConfig
+from dflash2_hf.training.trainer import TrainingConfig
 
 BUDGET = {"steps": 7, "sequences": 28, "cpu_seconds": 12.5}
 

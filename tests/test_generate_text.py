@@ -3,12 +3,12 @@
 
 import pytest
 import torch
-from conftest import tiny_drafter
-from scripted import scripted_drafter
 from transformers import AutoModelForCausalLM, LlamaConfig, pipeline
 
-from dflash2_hf.exactness import randomize
+from conftest import tiny_drafter
+from dflash2_hf.measuring.exactness import randomize
 from dflash2_hf.presets import SMOLLM2_135M
+from scripted import scripted_drafter
 
 VOCAB = 49152
 

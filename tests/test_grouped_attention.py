@@ -3,11 +3,11 @@ keys and values per query head, and is on only while ``generate`` decodes with a
 
 import pytest
 import torch
-from conftest import tiny_drafter, tiny_target
 from transformers import DynamicCache
 from transformers.integrations import sdpa_attention
 
-from dflash2_hf.grouped_attention import GROUPED_SDPA, grouped_attention
+from conftest import tiny_drafter, tiny_target
+from dflash2_hf.cpu.grouped_attention import GROUPED_SDPA, grouped_attention
 
 SHAPES = [(prefix, rows) for prefix in (5, 40, 130) for rows in (2, 9, 17)]
 

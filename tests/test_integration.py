@@ -5,15 +5,16 @@ import inspect
 
 import pytest
 import torch
-from conftest import REFERENCE, tiny_drafter, tiny_target
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
 from transformers.generation.utils import GENERATION_MODES_MAPPING, GenerationMixin, GenerationMode
 
 import dflash2_hf
-from dflash2_hf import DFlashDraftModel, decoding, integration
-from dflash2_hf.drafting import BlockDrafter
+from conftest import REFERENCE, tiny_drafter, tiny_target
+from dflash2_hf import DFlashDraftModel
+from dflash2_hf.drafting.block import BlockDrafter
+from dflash2_hf.generation import integration, loop
 
 
 def test_transformers_still_routes_assisted_generation_through_the_wrapped_method():
@@ -90,14 +91,14 @@ def test_argmax_drafts_equal_transformers_builtin_dflash_every_cycle(monkeypatch
 
 def record_paths(monkeypatch):
     """Record the drafted path of every cycle by spying on the path selection the decoder calls."""
-    paths, original = [], decoding.select_path
+    paths, original = [], loop.select_path
 
     def spy(lattice, strategy):
         picks = original(lattice, strategy)
         paths.append(lattice.tokens(picks)[0].tolist())
         return picks
 
-    monkeypatch.setattr(decoding, "select_path", spy)
+    monkeypatch.setattr(loop, "select_path", spy)
     return paths
 
 

@@ -23,17 +23,17 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-import interruptible
 import pytest
 import torch
-from conftest import one_torch_thread
 from safetensors.torch import load_file
 from safetensors.torch import save_file as safetensors_save
 
-from dflash2_hf import checkpoint
-from dflash2_hf.checkpoint import PREFIX, latest_checkpoint, load_checkpoint, save_checkpoint
-from dflash2_hf.data import read_responses
-from dflash2_hf.training import DrafterTrainer
+import interruptible
+from conftest import one_torch_thread
+from dflash2_hf.training.checkpoint import PREFIX, latest_checkpoint, load_checkpoint, save_checkpoint
+from dflash2_hf.training.data import read_responses
+from dflash2_hf.training import checkpoint
+from dflash2_hf.training.trainer import DrafterTrainer
 
 SCRIPT = Path(interruptible.__file__)
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from dflash2_hf.cli import main
-from dflash2_hf.cpu_kernels import packed_linears_supported
-from dflash2_hf.evaluation import benchmark_prompts
-from dflash2_hf import cpu_kernels
-from dflash2_hf.llama_cpp_peer import LlamaCppMethod, install_command
+from dflash2_hf.cpu import kernels
+from dflash2_hf.cpu.kernels import packed_linears_supported
+from dflash2_hf.measuring.evaluation import benchmark_prompts
+from dflash2_hf.measuring.llama_cpp_peer import LlamaCppMethod, install_command
 from dflash2_hf.presets import SHIPPED_DRAFTERS, SMOLLM2_135M, load_target
 
 slow = pytest.mark.slow
@@ -22,7 +22,7 @@ slow = pytest.mark.slow
                                            (set(), "OFF")])
 def test_the_build_command_asks_for_avx512_only_on_a_cpu_that_has_it(monkeypatch, flags, avx512):
     """An AVX-512 build dies with "Illegal instruction" on an AVX2-only CPU: the hint must follow the CPU."""
-    monkeypatch.setattr(cpu_kernels, "_cpuinfo", lambda: ("a CPU", frozenset(flags)))
+    monkeypatch.setattr(kernels, "_cpuinfo", lambda: ("a CPU", frozenset(flags)))
     assert f"-DGGML_AVX512={avx512} " in install_command() and "-DGGML_NATIVE=OFF" in install_command()
 
 

@@ -20,12 +20,12 @@ from types import ModuleType
 
 import pytest
 import torch
-from conftest import one_torch_thread, tiny_drafter, tiny_target
-from scripted import scripted_drafter
 from transformers import Cache, DynamicCache, PretrainedConfig
 from transformers.generation.streamers import BaseStreamer
 
-from dflash2_hf import drafting
+from conftest import one_torch_thread, tiny_drafter, tiny_target
+from dflash2_hf.drafting import block as block_drafting
+from scripted import scripted_drafter
 
 NEW_TOKENS = 4096
 TARGET_WINDOW, DRAFTER_WINDOW = 64, 32
@@ -166,7 +166,7 @@ def test_a_drafter_keeping_only_its_window_drafts_the_same_blocks_as_one_keeping
         return [record.candidate_ids for record in drafter.last_generation_stats.drafts]
 
     windowed = drafts()
-    monkeypatch.setattr(drafting, "DynamicCache", lambda config: DynamicCache())  # full layers only
+    monkeypatch.setattr(block_drafting, "DynamicCache", lambda config: DynamicCache())  # full layers only
     unbounded = drafts()
     assert len(windowed) == len(unbounded) > 4 * DRAFTER_WINDOW
     assert all(torch.equal(a, b) for a, b in zip(windowed, unbounded))

@@ -8,10 +8,10 @@ import warnings
 
 import pytest
 import torch
-from conftest import tiny_drafter, tiny_target
 
-from dflash2_hf.block_length import CycleCost
-from dflash2_hf.planning import DraftingGuard
+from conftest import tiny_drafter, tiny_target
+from dflash2_hf.cost.cycle_cost import CycleCost
+from dflash2_hf.cost.guard import DraftingGuard
 
 # A forward over any number of rows costs what one row costs, and drafting is free: drafting never loses.
 CHEAP_ROWS = CycleCost(fixed_seconds=0.0, verify_seconds=(0.01,) * 16)
@@ -150,7 +150,7 @@ def test_a_bad_plain_fallback_value_is_refused_before_work(target, drafter):
 
 @pytest.mark.parametrize("native", [False, True])
 def test_bf16_on_a_cpu_without_bf16_instructions_warns_and_names_float32(monkeypatch, native):
-    from dflash2_hf import integration
+    from dflash2_hf.generation import integration
 
     monkeypatch.setattr(integration, "native_bf16_matmuls", lambda: native)
     target = tiny_target("qwen3", seed=1).to(torch.bfloat16)

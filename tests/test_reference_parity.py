@@ -10,13 +10,13 @@ agree to ~1e-5 rather than bit for bit.
 
 import pytest
 import torch
-from conftest import PARITY_TOLERANCE, REFERENCE, tiny_drafter_config
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, DynamicCache, MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
 from transformers.cache_utils import DFlashCache
 
+from conftest import PARITY_TOLERANCE, REFERENCE, tiny_drafter_config
 from dflash2_hf import DFlash2DraftModel, DFlashDraftModel
-from dflash2_hf.lattice import PathStrategy, build_lattice, score_lattice, select_path
+from dflash2_hf.drafting.lattice import PathStrategy, build_lattice, score_lattice, select_path
 
 ANCHOR = 7
 TOLERANCE = PARITY_TOLERANCE

@@ -13,12 +13,26 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PARITY_TOLERANCE, tiny_drafter, tiny_target
 
-from dflash2_hf.benchmark import Benchmark, Method, Run, acceptance_table, markdown_table, summarize, write_report
+from conftest import PARITY_TOLERANCE, tiny_drafter, tiny_target
 from dflash2_hf.cli import main
-from dflash2_hf.reference_peer import (INSTALL, ReferenceMethod, ReferencePeer, ReferencePeerError,
-                                       check_reference_venv, sampling_settings)
+from dflash2_hf.measuring.benchmark import (
+    Benchmark,
+    Method,
+    Run,
+    acceptance_table,
+    markdown_table,
+    summarize,
+    write_report,
+)
+from dflash2_hf.measuring.reference_peer import (
+    INSTALL,
+    ReferenceMethod,
+    ReferencePeer,
+    ReferencePeerError,
+    check_reference_venv,
+    sampling_settings,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = [5, 17, 33, 2, 41, 8, 60, 12, 3, 27]
@@ -213,7 +227,7 @@ def test_smollm2_reference_greedy_tokens_equal_plain_greedy_in_fp32(reference_ve
     """Our shipped drafter, exported to the published layout and decoded by the reference on the same GGUF
     checkpoint, gives plain decoding's tokens, as our greedy path does (the two prompts bench takes first)."""
     from dflash2_hf import DFlashDraftModel
-    from dflash2_hf.evaluation import benchmark_prompts
+    from dflash2_hf.measuring.evaluation import benchmark_prompts
     from dflash2_hf.presets import SHIPPED_DRAFTERS, checkpoint_location, load_target
 
     target, tokenizer = load_target("smollm2-135m", dtype=torch.float32)

@@ -23,15 +23,15 @@ import functools
 
 import pytest
 import torch
-from conftest import steep_cost, tiny_drafter, tiny_target
 
 import dflash2_hf
-from dflash2_hf import decoding
-from dflash2_hf.block_length import CycleCost
-from dflash2_hf.exactness import continuation_distribution, goodness_of_fit, keep_every_draft, walk_down
-from dflash2_hf.lattice import path_confidences
-from dflash2_hf.planning import DraftingGuard
-from dflash2_hf.verification import rejection_distribution
+from conftest import steep_cost, tiny_drafter, tiny_target
+from dflash2_hf.cost.cycle_cost import CycleCost
+from dflash2_hf.cost.guard import DraftingGuard
+from dflash2_hf.drafting.lattice import path_confidences
+from dflash2_hf.generation import loop
+from dflash2_hf.generation.verification import rejection_distribution
+from dflash2_hf.measuring.exactness import continuation_distribution, goodness_of_fit, keep_every_draft, walk_down
 
 VOCAB, NEW_TOKENS, SAMPLES = 5, 4, 1000
 PROMPT = torch.tensor([[1, 3, 2, 0]])
@@ -87,7 +87,7 @@ def test_sampled_continuations_follow_the_target_distribution(models, setting, m
     assert {1, 2, 3} <= set(acceptance), "rejections at both drafted positions and fully accepted blocks all occur"
     assert goodness_of_fit(draws, exact) > 1e-3
 
-    monkeypatch.setattr(decoding, "verify_sampled", keep_every_draft)
+    monkeypatch.setattr(loop, "verify_sampled", keep_every_draft)
     control, _ = sample_with_drafter(target, drafter, settings)
     assert goodness_of_fit(control, exact) < 1e-6, "the test must be able to detect a biased decoder"
 
@@ -100,7 +100,7 @@ def test_the_public_seam_samples_the_target_distribution(models, monkeypatch):
     assert {1, 2, 3} <= set(acceptance)
     assert goodness_of_fit(draws, exact) > 1e-3
 
-    monkeypatch.setattr(decoding, "verify_sampled", keep_every_draft)
+    monkeypatch.setattr(loop, "verify_sampled", keep_every_draft)
     control, _ = sample_with_drafter(target, drafter, settings, seam=True)
     assert goodness_of_fit(control, exact) < 1e-6, "the test must be able to detect a biased decoder"
 
@@ -125,7 +125,7 @@ def test_adaptive_blocks_keep_sampling_exact(models, monkeypatch):
     assert {0, 1, 2} <= set(verified), "the cut varies from cycle to cycle"
     assert goodness_of_fit(draws, exact) > 1e-3
 
-    monkeypatch.setattr(decoding, "path_confidences", peeking_confidences)
+    monkeypatch.setattr(loop, "path_confidences", peeking_confidences)
     control, _ = sample_with_drafter(target, drafter, settings, dflash_adaptive_block=STEEP_COST)
     assert goodness_of_fit(control, exact) < 1e-6, "a cut that looks at the sampled tokens biases the output"
 
@@ -160,7 +160,7 @@ def test_cost_sized_token_trees_keep_sampling_exact(models, monkeypatch):
     assert len(set(verified)) >= 3 and max(verified) < 9, "the cost sizes each tree, differently per cycle"
     assert goodness_of_fit(draws, exact) > 1e-3
 
-    monkeypatch.setattr(decoding, "verify_sampled", accept_against_the_unchanged_target)
+    monkeypatch.setattr(loop, "verify_sampled", accept_against_the_unchanged_target)
     control, _ = sample_with_drafter(target, drafter, settings, dflash_tree_nodes=9,
                                      dflash_adaptive_block=STEEP_TREE_COST)
     assert goodness_of_fit(control, exact) < 1e-6, "the test still detects a biased multi-draft scheme"
@@ -207,7 +207,7 @@ def test_token_trees_keep_sampling_exact(models, setting, case, monkeypatch):
     assert max(verified) > exceeded, "trees wider than one path (or than the drafted paths) were verified"
     assert goodness_of_fit(draws, exact) > 1e-3
 
-    monkeypatch.setattr(decoding, "verify_sampled", biased_verifier)
+    monkeypatch.setattr(loop, "verify_sampled", biased_verifier)
     control, _ = sample_with_drafter(target, drafter, settings, **options)
     assert goodness_of_fit(control, exact) < 1e-6, why
 
@@ -229,7 +229,7 @@ ALTERNATING_GUARD = functools.partial(DraftingGuard, min_cycles=1, first_pause=1
 
 def greedy_plain_steps(monkeypatch) -> None:
     """Negative control: the fallback's plain steps take the target's likeliest token instead of sampling it."""
-    plain_step = decoding.DFlashDecoder._plain_step
+    plain_step = loop.DFlashDecoder._plain_step
 
     def greedy(self, sequence, context):
         self.do_sample = False
@@ -238,7 +238,7 @@ def greedy_plain_steps(monkeypatch) -> None:
         finally:
             self.do_sample = True
 
-    monkeypatch.setattr(decoding.DFlashDecoder, "_plain_step", greedy)
+    monkeypatch.setattr(loop.DFlashDecoder, "_plain_step", greedy)
 
 
 def test_plain_steps_mixed_with_drafting_keep_sampling_exact(models, monkeypatch):
@@ -246,7 +246,7 @@ def test_plain_steps_mixed_with_drafting_keep_sampling_exact(models, monkeypatch
     target, drafter = models
     settings = SETTINGS["temperature 1.3, top-p 0.8, repetition penalty 1.5"]
     exact = exact_distribution(target, settings)
-    monkeypatch.setattr(decoding, "DraftingGuard", ALTERNATING_GUARD)
+    monkeypatch.setattr(loop, "DraftingGuard", ALTERNATING_GUARD)
     options = dict(dflash_tree_nodes=4, dflash_plain_fallback=LOSING_COST)
 
     draws, plain_steps = sample_with_drafter(target, drafter, settings, **options, statistic="plain_steps")
@@ -272,7 +272,7 @@ def test_lookup_cycles_keep_sampling_exact(models, monkeypatch):
     target, drafter = models
     settings = SETTINGS["temperature 1.3, top-p 0.8, repetition penalty 1.5"]
     exact = exact_distribution(target, settings)
-    monkeypatch.setattr(decoding, "DraftingGuard", NeverDrafting)
+    monkeypatch.setattr(loop, "DraftingGuard", NeverDrafting)
     options = dict(dflash_tree_nodes=4, dflash_lookup_tokens=2, dflash_plain_fallback=COPYING_COST,
                    dflash_adaptive_block=COPYING_COST)
 
@@ -280,6 +280,6 @@ def test_lookup_cycles_keep_sampling_exact(models, monkeypatch):
     assert sum(lookup_cycles) > SAMPLES / 4, "steps without drafting verified copied tokens"
     assert goodness_of_fit(draws, exact) > 1e-3
 
-    monkeypatch.setattr(decoding, "verify_sampled", ignore_the_rejected_guess)
+    monkeypatch.setattr(loop, "verify_sampled", ignore_the_rejected_guess)
     control, _ = sample_with_drafter(target, drafter, settings, **options)
     assert goodness_of_fit(control, exact) < 1e-6, "a rejected guess must leave the residual, or the output is biased"

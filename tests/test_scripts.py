@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash2_hf.cpu_kernels import packed_linears_supported
+from dflash2_hf.cpu.kernels import packed_linears_supported
 from dflash2_hf.presets import default_drafter_folder
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from dflash2_hf import timing
+from dflash2_hf.cost import timing
 
 
 @pytest.mark.parametrize(("device", "module"), [("cuda:0", torch.cuda), ("xpu", torch.xpu), ("mps", torch.mps)])

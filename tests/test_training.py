@@ -6,13 +6,11 @@ import json
 
 import pytest
 import torch
-from conftest import new_drafter, tiny_drafter, tiny_drafter_config, tiny_target
 
+from conftest import new_drafter, tiny_drafter, tiny_drafter_config, tiny_target
 from dflash2_hf import DFlashDraftModel
-from dflash2_hf.data import iter_conversations, training_prompts
 from dflash2_hf.modeling import GroupedDynamicConv
-from dflash2_hf.training import DrafterTrainer, TrainingConfig
-from dflash2_hf.training_blocks import (
+from dflash2_hf.training.blocks import (
     IGNORE,
     block_attention,
     decoding_anchors,
@@ -20,6 +18,8 @@ from dflash2_hf.training_blocks import (
     sample_blocks,
     selector_loss,
 )
+from dflash2_hf.training.data import iter_conversations, training_prompts
+from dflash2_hf.training.trainer import DrafterTrainer, TrainingConfig
 
 
 @pytest.fixture(scope="module")
@@ -283,7 +283,7 @@ def test_prompts_already_answered_are_left_out_so_a_second_folder_adds_new_ones(
 def test_lora_fine_tuning_trains_adapters_and_selector_and_reloads_the_peft_way(target, records, tmp_path):
     from peft import PeftModel, get_peft_model_state_dict
 
-    from dflash2_hf.drafter_setup import with_lora
+    from dflash2_hf.training.setup import with_lora
 
     reference = new_drafter().state_dict()
     wrapped = with_lora(new_drafter(), rank=4)
@@ -308,7 +308,7 @@ def test_lora_fine_tuning_trains_adapters_and_selector_and_reloads_the_peft_way(
 
 
 def test_heldout_acceptance_is_recorded_and_plotted(target, records, tmp_path):
-    from dflash2_hf.plots import training_curves
+    from dflash2_hf.measuring.plots import training_curves
 
     run = trainer(target, records, tmp_path, steps=5, heldout_fraction=0.25)
     history = run.train()
@@ -436,7 +436,7 @@ def test_past_its_budget_the_feature_cache_stops_growing_and_training_is_unchang
 
 
 def test_initialising_from_the_target_copies_its_top_layers_and_final_norm(target):
-    from dflash2_hf.drafter_setup import initialize_from_target
+    from dflash2_hf.training.setup import initialize_from_target
 
     config = tiny_drafter_config("dflash2", intermediate_size=128)
     drafter = DFlashDraftModel.class_for_config(config)(config)
@@ -461,7 +461,7 @@ def test_export_records_budget_and_provenance_for_the_model_card(target, records
 
 
 def test_data_description_comes_from_the_manifest(tmp_path):
-    from dflash2_hf.data import describe_data
+    from dflash2_hf.training.data import describe_data
 
     (tmp_path / "manifest.json").write_text(json.dumps(
         {"target": "t", "max_new_tokens": 64, "do_sample": True, "temperature": 0.7, "prompts_sha256": "x"}))
@@ -469,7 +469,7 @@ def test_data_description_comes_from_the_manifest(tmp_path):
 
 
 def test_continuing_a_trained_drafter_starts_from_its_weights(tmp_path):
-    from dflash2_hf.drafter_setup import drafter_to_continue
+    from dflash2_hf.training.setup import drafter_to_continue
 
     saved = tiny_drafter(seed=3)
     saved.save_pretrained(tmp_path)
@@ -479,7 +479,7 @@ def test_continuing_a_trained_drafter_starts_from_its_weights(tmp_path):
 
 
 def test_a_dflash_v1_drafter_upgrades_to_dflash2_and_drafts_exactly_as_before(tmp_path):
-    from dflash2_hf.drafter_setup import drafter_to_continue
+    from dflash2_hf.training.setup import drafter_to_continue
 
     v1 = tiny_drafter("dflash", seed=3).eval()
     v1.save_pretrained(tmp_path)

@@ -2,13 +2,13 @@
 
 import pytest
 import torch
-from conftest import steep_cost, tiny_drafter, tiny_target
 from transformers import DynamicCache
 
-from dflash2_hf.block_length import CycleCost
-from dflash2_hf.lattice import Lattice
-from dflash2_hf.tree import ROOT, DraftTree, keep_branch, likeliest_tree, sampled_tree, worthwhile_tree_size
-from dflash2_hf.verification import verify_greedy
+from conftest import steep_cost, tiny_drafter, tiny_target
+from dflash2_hf.cost.cycle_cost import CycleCost
+from dflash2_hf.drafting.lattice import Lattice
+from dflash2_hf.drafting.tree import ROOT, DraftTree, keep_branch, likeliest_tree, sampled_tree, worthwhile_tree_size
+from dflash2_hf.generation.verification import verify_greedy
 
 PROMPT = torch.tensor([[5, 17, 33, 2, 71, 8]])
 

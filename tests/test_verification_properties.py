@@ -29,8 +29,8 @@ import torch
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
-from dflash2_hf.tree import DraftTree
-from dflash2_hf.verification import (
+from dflash2_hf.drafting.tree import DraftTree
+from dflash2_hf.generation.verification import (
     SparseDistribution,
     acceptance_probability,
     greedy_choices,

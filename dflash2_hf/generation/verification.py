@@ -1,4 +1,4 @@
-"""ONE exact verifier: a drafted token tree (:class:`~dflash2_hf.tree.DraftTree`) against the target, greedy or by
+"""ONE exact verifier: a drafted token tree (:class:`~dflash2_hf.drafting.tree.DraftTree`) against the target, greedy or by
 rejection sampling. One drafted path is the tree's one-branch case.
 
 Greedy (:func:`verify_greedy`): walk down from the anchor while the target's own choice after the current node is

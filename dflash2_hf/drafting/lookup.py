@@ -3,18 +3,17 @@
 Answers often repeat what is already in the context (a function's name and arguments from the prompt, a variable
 used a line above, a docstring's phrasing). Where the last few tokens occurred before, the tokens that followed them
 then are a cheap guess at what follows now (the idea behind prompt-lookup decoding). A token tree can carry that
-guess as one more branch next to the drafter's (:meth:`~dflash2_hf.tree.DraftTree.add_lookup_path`): the target
+guess as one more branch next to the drafter's (:meth:`~dflash2_hf.drafting.tree.DraftTree.add_lookup_path`): the target
 verifies both in the same forward pass, and the walk takes whichever branch it agrees with.
 
 The guess depends on the verified tokens only, never on a drafted or random one, so adding it keeps greedy output
-identical and sampled output exact (:func:`~dflash2_hf.verification.verify_sampled`).
+identical and sampled output exact (:func:`~dflash2_hf.generation.verification.verify_sampled`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-
 
 DEFAULT_MAX_NGRAM = 8  # longest suffix matched (transformers' prompt lookup defaults to 2; see docs/results.md)
 FORESIGHT_NGRAM = 3  # the shortest suffix match whose guess may end a plain-decoding pause
@@ -96,7 +95,7 @@ class LookupOdds:
     A looked-up branch is accepted token by token until the first miss, so each token is modelled as accepted with
     a chance ``c`` once the ones before it were, one ``c`` per matched length (1, 2, 3, 4, 5 or more tokens). Its
     estimate is accepted / (accepted + stops) over the branches verified so far, starting from :data:`LOOKUP_PRIOR`.
-    ``gains`` gives what :meth:`~dflash2_hf.block_length.CycleCost.worthwhile_size` sizes a branch by. The odds
+    ``gains`` gives what :meth:`~dflash2_hf.cost.cycle_cost.CycleCost.worthwhile_size` sizes a branch by. The odds
     depend on verified outcomes only, so sizing the branch by them keeps decoding exact.
     """
 

@@ -124,7 +124,7 @@ def path_confidences(lattice: Lattice, path: torch.Tensor, sampled: bool, temper
     The proposal at position ``i`` is the selector's ``q_i(. | path[i - 1])`` when the lattice is pair-scored, else the
     drafter's own top-K distribution there. A picked path scores the probability ``q_i`` gives its token. A sampled
     path scores ``sum_b q_i(b)^2``, the chance a second draw agrees: it does not look at the sampled token itself, so
-    a block cut on it stays exact (see :mod:`dflash2_hf.block_length`).
+    a block cut on it stays exact (see :mod:`dflash2_hf.cost.cycle_cost`).
     """
     if lattice.pair_scores is None:
         q = torch.softmax(lattice.candidate_logits.float() / temperature, dim=-1)

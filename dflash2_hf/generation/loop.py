@@ -1,11 +1,11 @@
-"""The one DFlash decoding loop, which both ``generate`` entries run (:mod:`dflash2_hf.integration`).
+"""The one DFlash decoding loop, which both ``generate`` entries run (:mod:`dflash2_hf.generation.integration`).
 
 It reads top to bottom: prefill the target, then per step either a plain one-token step or a drafted cycle (the
-:class:`~dflash2_hf.planning.DraftingGuard` decides, by what each has cost here). One cycle: the drafter drafts a
+:class:`~dflash2_hf.cost.guard.DraftingGuard` decides, by what each has cost here). One cycle: the drafter drafts a
 block from the target's hidden states -> top-K lattice -> pair scores -> a token tree (one path is its one-branch case;
 with ``tree_nodes`` several paths merged, plus a branch copied from the context) -> ONE target forward over the anchor
-and every node -> ONE verifier (:mod:`dflash2_hf.verification`, greedy or rejection sampling) -> the accepted branch
-committed to the target's cache (:func:`~dflash2_hf.tree.commit_branch`) -> its tokens emitted, each checked against
+and every node -> ONE verifier (:mod:`dflash2_hf.generation.verification`, greedy or rejection sampling) -> the accepted branch
+committed to the target's cache (:func:`~dflash2_hf.drafting.tree.commit_branch`) -> its tokens emitted, each checked against
 the stopping criteria, so EOS, stop strings and ``max_new_tokens`` end the output exactly where plain ``generate``
 would -> the accepted tokens' hidden states feed the next draft.
 
@@ -16,116 +16,40 @@ repetition penalty, min length, ...), stopping criteria and streamer.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch.profiler import record_function
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
-from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .block_length import CycleCost, cycle_cost_for
-from .context_lookup import (DEFAULT_MAX_NGRAM, FORESIGHT_NGRAM, LOOKUP_CYCLE_NGRAM, CopiedBranch, LookupOdds,
-                             lookup_continuation, lookup_match)
-from .drafting import BlockDrafter, DraftOptions
-from .lattice import PathStrategy, path_confidences, sample_path, select_path
-from .modeling import DFlashDraftModel
-from .planning import DraftingGuard
-from .timing import device_seconds
-from .tree import (ROOT, DraftTree, check_tree_cache, commit_branch, likeliest_tree, sampled_tree,
-                   worthwhile_tree_size)
+from ..cost.cycle_cost import CycleCost, cycle_cost_for
+from ..cost.guard import DraftingGuard
+from ..cost.timing import device_seconds
+from ..drafting.block import BlockDrafter
+from ..drafting.lattice import PathStrategy, path_confidences, sample_path, select_path
+from ..drafting.lookup import (
+    DEFAULT_MAX_NGRAM,
+    FORESIGHT_NGRAM,
+    LOOKUP_CYCLE_NGRAM,
+    CopiedBranch,
+    LookupOdds,
+    lookup_continuation,
+    lookup_match,
+)
+from ..drafting.tree import (
+    ROOT,
+    DraftTree,
+    check_tree_cache,
+    commit_branch,
+    likeliest_tree,
+    sampled_tree,
+    worthwhile_tree_size,
+)
+from ..modeling import DFlashDraftModel
+from .config import DraftOptions
+from .stats import DFlashGenerateOutput, DFlashStats, DraftRecord
 from .verification import SparseDistribution, Verdict, greedy_choices, verify_greedy, verify_sampled
-
-
-@dataclass
-class DraftRecord:
-    """One cycle's lattice, kept when ``dflash_record_drafts=True`` (for benchmarks: recall, oracle acceptance), and
-    its ``path``: the drafted path the target verified (a one-branch tree's tokens), or for a branched tree the branch
-    the target accepted."""
-
-    anchor_position: int
-    candidate_ids: torch.Tensor  # [L, K], best drafter logit first
-    path: list[int]
-
-
-@dataclass
-class DFlashStats:
-    """What one ``generate`` call did.
-
-    ``acceptance_lengths[c]`` counts the tokens cycle ``c`` emitted: the accepted drafted tokens plus the target's own
-    token (correction or bonus), as the published DFlash figures count them; the first token, which comes from the
-    prefill, is not part of any cycle. ``verified_lengths[c]`` counts the drafted tokens cycle ``c`` sent to the
-    target (fewer than ``block_size - 1`` when the adaptive block length cut the path, or near ``max_new_tokens``).
-    ``plain_steps`` counts the one-token steps taken where drafting did not pay (``dflash_plain_fallback``); they are
-    not cycles. ``lookup_cycles`` counts the cycles that verified tokens copied from the context alone, with no draft
-    (taken instead of a plain step where the copy is priced to pay); they are in the per-cycle lists, not in
-    ``plain_steps``.
-    """
-
-    path: str
-    block_size: int
-    acceptance_lengths: list[int] = field(default_factory=list)
-    verified_lengths: list[int] = field(default_factory=list)
-    prefill_seconds: float = 0.0
-    draft_seconds: float = 0.0
-    select_seconds: float = 0.0
-    verify_seconds: float = 0.0
-    plain_steps: int = 0
-    lookup_cycles: int = 0
-    drafts: list[DraftRecord] | None = None
-
-    @property
-    def cycles(self) -> int:
-        return len(self.acceptance_lengths)
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        return sum(self.acceptance_lengths) / self.cycles if self.cycles else 0.0
-
-    @property
-    def new_tokens(self) -> int:
-        return sum(self.acceptance_lengths) + self.plain_steps + 1
-
-
-@dataclass
-class DFlashGenerateOutput(GenerateDecoderOnlyOutput):
-    """``GenerateDecoderOnlyOutput`` with the call's :class:`DFlashStats` (``return_dict_in_generate=True``)."""
-
-    dflash_stats: DFlashStats | None = None
-
-
-UNSUPPORTED_OUTPUTS = ("output_attentions", "output_hidden_states")
-
-
-def check_generation_arguments(
-    generation_config: GenerationConfig, input_ids: torch.Tensor, context_length: int | None = None
-) -> None:
-    """Refuse, before any work, prompts and generation settings this decoder cannot honour exactly.
-
-    ``context_length`` is the target's ``max_position_embeddings``: a longer prompt cannot be decoded faithfully.
-    """
-    batch_size, prompt_length = input_ids.shape
-    if batch_size != 1:
-        raise ValueError(f"DFlash decoding supports batch size 1 (one prompt per generate call); got {batch_size}.")
-    if prompt_length == 0:
-        raise ValueError("The prompt is empty: DFlash decoding needs at least one prompt token to draft from.")
-    if context_length is not None and prompt_length >= context_length:
-        raise ValueError(f"The prompt has {prompt_length} tokens; the target's context holds {context_length} "
-                         "(max_position_embeddings). Shorten the prompt.")
-    if generation_config.num_beams not in (None, 1):
-        raise ValueError("DFlash decoding does not support beam search (num_beams > 1).")
-    requested = [name for name in UNSUPPORTED_OUTPUTS if getattr(generation_config, name, False)]
-    if requested:
-        raise ValueError(f"DFlash decoding does not return {', '.join(requested)}; scores and logits are supported.")
-    if generation_config.do_sample and (generation_config.temperature is None or generation_config.temperature <= 0):
-        raise ValueError(f"temperature must be > 0 when sampling, got {generation_config.temperature}.")
-    top_p = generation_config.top_p
-    if generation_config.do_sample and top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
-    ngram = generation_config.max_matching_ngram_size
-    if ngram is not None and (isinstance(ngram, bool) or not isinstance(ngram, int) or ngram < 1):
-        raise ValueError(f"max_matching_ngram_size (the longest suffix the context lookup matches) must be an integer "
-                         f">= 1, got {ngram!r}.")
 
 
 @dataclass

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .modeling import DFlashDraftModel
+from ..modeling import DFlashDraftModel
 
 IGNORE = -100  # a label with no target token (past the answer's end, or an unused block slot)
 

@@ -15,7 +15,7 @@
   ``assistant_model`` with a message naming the supported seam, rather than guess at private methods.
 
 Both entries end in :func:`decode`, which checks the whole request once, before any forward, then runs
-:class:`~dflash2_hf.decoding.DFlashDecoder`.
+:class:`~dflash2_hf.generation.loop.DFlashDecoder`.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, St
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from transformers.generation.utils import GENERATION_MODES_MAPPING, GenerationMixin, GenerationMode
 
-from .cpu_kernels import native_bf16_matmuls
-from .decoding import DFlashDecoder, check_generation_arguments
-from .drafting import DraftOptions
-from .grouped_attention import grouped_attention
-from .modeling import DFlashDraftModel
+from ..cpu.grouped_attention import grouped_attention
+from ..cpu.kernels import native_bf16_matmuls
+from ..modeling import DFlashDraftModel
+from .config import DraftOptions, check_generation_arguments
+from .loop import DFlashDecoder
 
 #: ``major.minor`` releases of transformers whose private generate methods the assistant route was tested against.
 SUPPORTED_TRANSFORMERS = ((5, 24), (5, 25))
@@ -87,7 +87,7 @@ def custom_generate(
 
     ``drafter`` is a DFlash / DFlash 2 drafter for ``model``; the ``dflash_*`` options are those of the
     ``assistant_model`` route (docs/generation.md). Returns what ``generate`` returns: the sequences, or with
-    ``return_dict_in_generate=True`` a :class:`~dflash2_hf.decoding.DFlashGenerateOutput` with the call's statistics.
+    ``return_dict_in_generate=True`` a :class:`~dflash2_hf.generation.stats.DFlashGenerateOutput` with the call's statistics.
     """
     if drafter is None:
         raise ValueError("custom_generate=dflash2_hf.custom_generate needs the drafter: pass drafter=<a DFlash drafter "

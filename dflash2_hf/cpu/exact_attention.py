@@ -10,7 +10,7 @@ values in float64 and rounds once, at the end, to the model's dtype. Differences
 1e-16, far below bf16's resolution (~4e-3), so each query row gets the same bf16 result in a block as alone (except
 for a value lying within ~1e-16 of a bf16 rounding boundary, which at ~1e-14 per value is not seen in practice).
 The other layers of a Llama/Qwen2-style model are row-wise already: norms, rotary embeddings and, on CPUs whose
-bf16 matmuls give a block's rows what they give each row alone (:func:`~dflash2_hf.cpu_kernels.bf16_rows_independent`
+bf16 matmuls give a block's rows what they give each row alone (:func:`~dflash2_hf.cpu.kernels.bf16_rows_independent`
 measures it: true of oneDNN on the AMX Xeon measured, not of oneDNN on an AVX512-BF16 AMD EPYC, whose wide layers
 round a few values of taller blocks differently), the linear layers, bit for bit. With this attention on the target
 of such a CPU, greedy decoding with a drafter gives exactly the tokens plain ``generate`` gives with the same
@@ -35,7 +35,7 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from .cpu_kernels import bf16_rows_independent
+from .kernels import bf16_rows_independent
 
 EXACT_ATTENTION = "exact_float64"  # no "flash" in it: transformers reads such names as flash-attention kernels
 ROWS_ROUND_DIFFERENTLY = (

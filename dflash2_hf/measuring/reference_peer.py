@@ -4,8 +4,8 @@ The reference pins transformers 5.15, so it runs in a venv of its own (by conven
 worker process (``reference_worker.py``, executed by file path with that venv's Python) that answers JSON lines.
 :class:`ReferencePeer` exports our drafter in the published DFlash 2 layout to a temporary folder (the code of
 ``dflash2-hf export --published-layout``), starts the worker on the same target checkpoint and that folder, and
-asks it for one generation at a time; :class:`ReferenceMethod` is the :class:`~dflash2_hf.benchmark.Method` that
-:class:`~dflash2_hf.benchmark.Benchmark` interleaves with the in-process methods. The worker sleeps on its stdin
+asks it for one generation at a time; :class:`ReferenceMethod` is the :class:`~dflash2_hf.measuring.benchmark.Method` that
+:class:`~dflash2_hf.measuring.benchmark.Benchmark` interleaves with the in-process methods. The worker sleeps on its stdin
 while the other methods run, so the two processes never compete for the CPU.
 """
 
@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig
 
+from ..export import ExportError, export_drafter
 from .benchmark import Decoded, Method
-from .export import ExportError, export_drafter
 
 #: Where ``dflash2-hf bench --reference-venv`` looks when no folder is given (relative to the working directory).
 DEFAULT_VENV = Path(".venv-reference")

@@ -2,8 +2,8 @@
 
 Each step takes a few target-generated sequences, runs the frozen target once to get the features at
 ``target_layer_ids``, packs many blocks per sequence at random anchors in the response and trains on the drafter's
-and the selector's losses (the blocks, their masks and the losses: :mod:`dflash2_hf.training_blocks`; the drafter's
-config, starting weights and LoRA wrapping: :mod:`dflash2_hf.drafter_setup`).
+and the selector's losses (the blocks, their masks and the losses: :mod:`dflash2_hf.training.blocks`; the drafter's
+config, starting weights and LoRA wrapping: :mod:`dflash2_hf.training.setup`).
 
 A selector trained on a frozen drafter can take its blocks where decoding drafts them instead (``anchors="decoding"``):
 at the anchors greedy decoding with the drafter's argmax path visits on the target's own answers, which lie mostly
@@ -27,12 +27,23 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
+from ..drafting.lattice import PathStrategy, build_lattice, score_lattice, select_path
+from ..modeling import DFlashDraftModel
+from .blocks import (
+    IGNORE,
+    BlockBatch,
+    anchor_range,
+    block_attention,
+    block_positions,
+    blocks_at,
+    decoding_anchors,
+    position_weights,
+    sample_blocks,
+    selector_loss,
+    selector_positions,
+)
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from .lattice import PathStrategy, build_lattice, score_lattice, select_path
-from .drafter_setup import is_peft_model
-from .modeling import DFlashDraftModel
-from .training_blocks import (IGNORE, BlockBatch, anchor_range, block_attention, block_positions, blocks_at,
-                              decoding_anchors, position_weights, sample_blocks, selector_loss, selector_positions)
+from .setup import is_peft_model
 
 
 @dataclass

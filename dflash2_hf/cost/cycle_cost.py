@@ -12,7 +12,7 @@ drafted tokens). Walking along the path, the decoder adds token ``n`` while that
 ``E(n) / C(n) >= E(n - 1) / C(n - 1)``, and cuts the block at the first token whose expected gain no longer pays for
 its measured cost.
 
-``c_i`` is estimated from the drafter (:func:`~dflash2_hf.lattice.path_confidences`) and depends only on the path
+``c_i`` is estimated from the drafter (:func:`~dflash2_hf.drafting.lattice.path_confidences`) and depends only on the path
 before token ``i``, never on token ``i`` itself. So the cut is a stopping rule over the drafted tokens: whether token
 ``i`` is verified is settled before it is looked at, every verified token is still distributed as the proposal its
 rejection test assumes, and verification stays exact (greedy: identical to plain decoding; sampling: the target's
@@ -42,9 +42,10 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from .cpu_kernels import cpu_description, linears_packed
-from .drafting import BlockDrafter, DraftOptions
-from .modeling import DFlashDraftModel
+from ..cpu.kernels import cpu_description, linears_packed
+from ..drafting.block import BlockDrafter
+from ..generation.config import DraftOptions
+from ..modeling import DFlashDraftModel
 from .timing import device_seconds
 
 MEASURED_LENGTHS = (1, 2, 4, 8, 16, 32)

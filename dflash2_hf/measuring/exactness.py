@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from .verification import Verdict
+from ..generation.verification import Verdict
 
 
 def randomize(model: torch.nn.Module, seed: int, scale: float = 0.2) -> torch.nn.Module:

@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .code_prompts import code_request
-from .data import evaluation_prompts
-from .modeling import DFlashDraftModel
+from ..modeling import DFlashDraftModel
+from ..training.code_prompts import code_request
+from ..training.data import evaluation_prompts
 
 
 def chat_inputs(tokenizer, benchmark: str, prompt: str) -> torch.Tensor:
@@ -24,7 +24,7 @@ def chat_inputs(tokenizer, benchmark: str, prompt: str) -> torch.Tensor:
 
 def check_per_source(sources: list[str], per_source: int) -> None:
     """Refuse asking ShareGPT for more prompts than it holds out (the rest may be training data)."""
-    from .data import SHAREGPT_BENCHMARK_PROMPTS
+    from ..training.data import SHAREGPT_BENCHMARK_PROMPTS
 
     if "sharegpt" in sources and not 0 < per_source <= SHAREGPT_BENCHMARK_PROMPTS:
         raise ValueError(f"--per-source {per_source}: ShareGPT holds out {SHAREGPT_BENCHMARK_PROMPTS} benchmark prompts "
@@ -34,7 +34,7 @@ def check_per_source(sources: list[str], per_source: int) -> None:
 def benchmark_prompts(tokenizer, sources: list[str], per_source: int) -> list[tuple[str, torch.Tensor]]:
     """``(source, input_ids)`` pairs: HumanEval, MT-Bench, the held-out tail of ShareGPT, or local JSONL files
     (``{"prompt": ...}`` or ``{"messages": [...]}`` per line)."""
-    from .data import sharegpt_benchmark_prompts
+    from ..training.data import sharegpt_benchmark_prompts
 
     check_per_source(sources, per_source)
     evaluation = evaluation_prompts()

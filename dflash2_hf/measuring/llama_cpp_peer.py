@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
+from ..cpu.kernels import cpu_flags
 from .benchmark import Decoded, Method
-from .cpu_kernels import cpu_flags
 
 
 def install_command() -> str:

@@ -6,7 +6,7 @@ conditional distributions, grown best-first, :func:`likeliest_tree`; sampling: p
 distributions, merged where they share a prefix, :func:`sampled_tree`) -> one target forward over the anchor and
 every node, each attending to the verified context and its own ancestors only (:meth:`DraftTree.attention_mask`,
 :meth:`DraftTree.position_ids`) -> exact verification walks down the tree
-(:func:`~dflash2_hf.verification.verify_greedy`, :func:`~dflash2_hf.verification.verify_sampled`) ->
+(:func:`~dflash2_hf.generation.verification.verify_greedy`, :func:`~dflash2_hf.generation.verification.verify_sampled`) ->
 :func:`commit_branch` leaves the accepted branch in the target's KV cache. One drafted path is a tree with one branch
 (:meth:`DraftTree.is_chain`).
 """
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..generation.verification import SparseDistribution
 from .lattice import Lattice, sample_path
-from .verification import SparseDistribution
 
 ROOT = -1  # the anchor: the last verified token, parent of the first drafted tokens
 
@@ -66,7 +66,7 @@ class DraftTree:
             parent = child
 
     def add_lookup_path(self, tokens: list[int]) -> None:
-        """Insert the context-lookup guess (:mod:`dflash2_hf.context_lookup`) as a branch below the anchor, reusing
+        """Insert the context-lookup guess (:mod:`dflash2_hf.drafting.lookup`) as a branch below the anchor, reusing
         the nodes of a drafted prefix it shares; recorded in ``lookup_children``, not in ``draws``."""
         parent = ROOT
         for token in tokens:
@@ -150,8 +150,8 @@ def likeliest_tree(lattice: Lattice, nodes: int) -> DraftTree:
 
 def worthwhile_tree_size(lattice: Lattice, nodes: int, cost, lookup_gains: list[float] = ()) -> tuple[int, int]:
     """How many drafted tokens (0 .. ``nodes``) a tree should hold, and how many of the copied tokens whose expected
-    gains are ``lookup_gains`` (:class:`~dflash2_hf.context_lookup.LookupOdds`) its lookup branch, under a cycle
-    ``cost`` (:meth:`~dflash2_hf.block_length.CycleCost.worthwhile_size`). The likeliest tree's branch probabilities
+    gains are ``lookup_gains`` (:class:`~dflash2_hf.drafting.lookup.LookupOdds`) its lookup branch, under a cycle
+    ``cost`` (:meth:`~dflash2_hf.cost.cycle_cost.CycleCost.worthwhile_size`). The likeliest tree's branch probabilities
     and the lookup gains both come best-first, so their merged order is the best-first order of every token the
     forward could hold; the most profitable prefix of it is split back into the two.
 

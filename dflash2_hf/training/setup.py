@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from .modeling import DFlashConfig, DFlashDraftModel, GroupedDynamicConv, spread_target_layer_ids
+from ..modeling import DFlashConfig, DFlashDraftModel, GroupedDynamicConv, spread_target_layer_ids
 
 
 def drafter_config_for(

@@ -19,8 +19,8 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
-from .cpu_kernels import PackedLinears, cpu_description
-from .decoding import DFlashStats, DraftRecord
+from ..cpu.kernels import PackedLinears, cpu_description
+from ..generation.stats import DFlashStats, DraftRecord
 
 SELECTOR_PATHS = ("greedy", "viterbi", "expected")
 
@@ -40,7 +40,7 @@ class Decoded:
 @dataclass
 class Method:
     """A decoding method: a name, the extra ``generate`` arguments that select it and, optionally, packed linears
-    (:class:`~dflash2_hf.cpu_kernels.PackedLinears`) switched on around its calls.
+    (:class:`~dflash2_hf.cpu.kernels.PackedLinears`) switched on around its calls.
 
     A method that does not decode through the target's ``generate`` (a peer in another process, say) overrides
     :meth:`decode`.
@@ -88,7 +88,7 @@ def standard_methods(
     does with no option, the fallback to plain decoding included), transformers' built-in DFlash on our drafter, ours
     per path (drafting every cycle, one whole path each, even for a drafter whose config defaults to a tree; per
     verified block size when several are given: names end in ``b<size>``), and classic assisted generation when a
-    small draft LM is given. With a ``cycle_cost`` (:class:`~dflash2_hf.block_length.CycleCost`), each of ours also
+    small draft LM is given. With a ``cycle_cost`` (:class:`~dflash2_hf.cost.cycle_cost.CycleCost`), each of ours also
     runs with the cost-aware block length (names end in ``adaptive``), and with ``tree_nodes`` once per token-tree
     size (names end in ``tree<N>``; with a cost also cost-sized: ``tree<N> adaptive``; with ``lookup_tokens``, each
     tree also with a context-lookup branch of up to ``L`` tokens: ``tree<N> lookup<L>``, and with ``lookup_ngrams``

@@ -16,7 +16,7 @@ bursts (an answer that starts copying its prompt), so a pause also ends early on
 in a row emitted the token the context lookup foresaw (a free guess: it reads the text only). On text where drafting
 never pays, the probes cost a few cycles per generation; on text where it pays, a plain step now and then.
 
-Speeds are wall-clock by default. Given a :class:`~dflash2_hf.block_length.CycleCost` (``dflash_plain_fallback=cost``)
+Speeds are wall-clock by default. Given a :class:`~dflash2_hf.cost.cycle_cost.CycleCost` (``dflash_plain_fallback=cost``)
 the guard prices each step by that cost model instead (a cycle: ``cost.cycle_seconds(verified tokens)``; a plain
 step: ``cost.verify_seconds[0]``), which makes its choices reproducible: what the tests inject.
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from .block_length import CycleCost
+from .cycle_cost import CycleCost
 
 
 class DraftingGuard:

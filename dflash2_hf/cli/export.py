@@ -1,0 +1,47 @@
+"""`dflash2-hf export`: a Hub-ready drafter folder with its model card."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from .checks import PATHS, check_target_argument
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    """Register `dflash2-hf export` and its options."""
+    share = commands.add_parser("export", help="write a Hub-ready drafter folder with a model card")
+    share.add_argument("drafter", help="drafter folder (e.g. written by `dflash2-hf train`)")
+    share.add_argument("out", help="folder to write; refused when it exists and is not empty")
+    share.add_argument("--base-model", help="Hub id of the target (default: the target recorded in training.json)")
+    share.add_argument("--license", default="apache-2.0", help="license identifier for the model card")
+    share.add_argument("--results", help="results.json or results.md of `dflash2-hf bench` to put in the card")
+    share.add_argument("--path", choices=PATHS,
+                       help="path strategy generate uses by default (default: the drafter's own)")
+    share.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    share.add_argument("--published-layout", action="store_true",
+                       help="the published DFlash 2 config layout, without remote code")
+    share.add_argument("--target", help="the drafter's target (preset or checkpoint folder): a factorised selector "
+                                        "is published as codebooks computed from its input embeddings")
+    share.add_argument("--overwrite", action="store_true", help="replace OUT when it is not empty")
+    share.set_defaults(run=export)
+
+
+def export(args: argparse.Namespace) -> None:
+    """Write a Hub-ready copy of a drafter folder: weights, remote code, generation config and model card."""
+    from ..export import ExportError, check_destination, export_drafter
+    from ..presets import load_target
+
+    try:
+        check_destination(Path(args.out), Path(args.drafter), args.overwrite)  # before the target loads
+        if args.target:
+            check_target_argument("dflash2-hf export", "--target", args.target)
+        target = load_target(args.target, dtype=torch.float32)[0] if args.target else None
+        export_drafter(args.drafter, args.out, base_model=args.base_model, license_id=args.license,
+                       results=args.results, path=args.path, dtype=getattr(torch, args.dtype),
+                       published_layout=args.published_layout, target=target, overwrite=args.overwrite)
+    except ExportError as error:
+        raise SystemExit(f"dflash2-hf export: {error}") from None
+    print(f"Hub-ready drafter written to {args.out}")

@@ -1,0 +1,189 @@
+"""`dflash2-hf train`: a drafter trained on `dflash2-hf data` folders (resumable), then exported."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from ..modeling import DFlashConfig, DFlashDraftModel
+from .checks import (
+    check_data_vocabulary,
+    check_out_folder,
+    check_target_argument,
+    drafter_config,
+    read_data,
+    refuse_below,
+)
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    """Register `dflash2-hf train` and its options."""
+    fit = commands.add_parser("train", help="train a DFlash 2 drafter on responses made by `dflash2-hf data`")
+    fit.add_argument("--target", default="smollm2-135m")
+    fit.add_argument("--data", required=True, nargs="+",
+                     help="folder(s) written by `dflash2-hf data`, read in order (held-out records: the last ones)")
+    fit.add_argument("--out", required=True, help="run folder: checkpoints (resumed from), config, curves")
+    fit.add_argument("--export", help="where to save the trained drafter (default: OUT/drafter)")
+    fit.add_argument("--steps", type=int, default=1000)
+    fit.add_argument("--batch-size", type=int, default=4)
+    fit.add_argument("--blocks", type=int, default=16, help="blocks sampled per sequence")
+    fit.add_argument("--lr", type=float, default=6e-4)
+    fit.add_argument("--warmup", type=int, default=50)
+    fit.add_argument("--checkpoint-every", type=int, default=50)
+    fit.add_argument("--layers", type=int, default=2)
+    fit.add_argument("--taps", type=int, default=3, help="number of target layers read")
+    fit.add_argument("--block-size", type=int, default=16)
+    fit.add_argument("--selector-rank", type=int, default=64, help="0 trains a DFlash v1 drafter (no selector)")
+    fit.add_argument("--factorised-selector", action="store_true",
+                     help="a new selector (new drafter or --new-selector) derives its token codes from the target's input embeddings "
+                          "(3 x hidden x rank parameters instead of two vocabulary-sized codebooks)")
+    fit.add_argument("--intermediate-size", type=int)
+    fit.add_argument("--mask-token", default="<empty_output>", help="an existing token the target never emits")
+    fit.add_argument("--mask-token-id", type=int)
+    fit.add_argument("--heldout-fraction", type=float, default=0.05, help="records kept out for the acceptance curve")
+    fit.add_argument("--seed", type=int, default=0)
+    fit.add_argument("--feature-cache-gb", type=float, default=8.0,
+                     help="memory for the target features kept between steps; sequences past it are recomputed")
+    fit.add_argument("--init-from", metavar="DRAFTER",
+                     help="start from a trained drafter folder instead of the target's layers (continue training it; "
+                          "a DFlash v1 drafter gets a new selector of --selector-rank)")
+    fit.add_argument("--selector-only", action="store_true",
+                     help="freeze the drafter and train its candidate selector alone")
+    fit.add_argument("--new-selector", action="store_true",
+                     help="with --init-from: replace the drafter's selector by a fresh one of --selector-rank "
+                          "(--factorised-selector for a factorised one)")
+    fit.add_argument("--selector-gold", choices=("insert", "skip"), default="insert",
+                     help="where the right token is not among the drafter's top-K: put it into the candidates "
+                          "(insert, the published recipe) or leave the position out of the selector loss (skip: "
+                          "decoding only ever chooses among the top-K)")
+    fit.add_argument("--anchors", choices=("random", "decoding"), default="random",
+                     help="where blocks start: random answer positions, or (with --selector-only, on the target's "
+                          "greedy answers) where greedy decoding with the drafter's argmax path would start them")
+    fit.add_argument("--distill-weight", type=float, default=0.0,
+                     help="share of the drafter's loss taken from the target's whole next-token distribution at each "
+                          "drafted position (soft labels, 0-1) instead of its chosen token alone")
+    fit.set_defaults(run=train)
+
+
+def vocabulary_id(tokenizer, token: str) -> int:
+    """The id of ``token`` as one entry of the tokenizer's vocabulary; a token it lacks is refused (tokenizers would
+    silently map it to their unknown token)."""
+    vocabulary = tokenizer.get_vocab()
+    if token not in vocabulary:
+        raise SystemExit(f"--mask-token {token!r} is not a token of the target's vocabulary; pass one it has and never "
+                         "emits (e.g. an unused special token such as <|fim_pad|> for Qwen2.5) or --mask-token-id.")
+    return vocabulary[token]
+
+
+#: The drafter config fields a resumed `dflash2-hf train` run must keep, with the flag that sets each.
+LAYOUT_FLAGS = {"num_hidden_layers": "--layers", "target_layer_ids": "--taps", "block_size": "--block-size",
+                "selector_rank": "--selector-rank", "selector_factorised": "--factorised-selector",
+                "intermediate_size": "--intermediate-size", "mask_token_id": "--mask-token/--mask-token-id",
+                "hidden_size": "--target", "vocab_size": "--target", "num_target_layers": "--target"}
+
+
+def check_resumed_layout(saved_file: Path, asked: DFlashConfig, init_from: bool) -> None:
+    """Refuse to resume a run whose drafter layout, saved in ``saved_file`` when it started, differs from the one
+    this command asks for (``asked``: built from the flags, or the ``--init-from`` drafter's): its checkpoints hold
+    that layout, so the flags would be ignored silently, or the checkpoint would not load."""
+    saved = DFlashConfig.from_pretrained(saved_file)
+    differences = [f"{'--init-from' if init_from else flag} ({field}): {getattr(saved, field)!r} saved, "
+                   f"{getattr(asked, field)!r} asked"
+                   for field, flag in LAYOUT_FLAGS.items() if getattr(saved, field) != getattr(asked, field)]
+    if differences:
+        raise SystemExit(f"dflash2-hf train: {saved_file.parent} holds checkpoints of another drafter layout: "
+                         f"{'; '.join(differences)} (saved in {saved_file}). Resume with the saved values, or pass a "
+                         "new --out to start fresh.")
+
+
+def training_settings(args: argparse.Namespace, records: list[dict]):
+    """The run's :class:`~dflash2_hf.training.trainer.TrainingConfig`, checked (with the records it would train on)
+    before anything loads."""
+    from ..training.trainer import TrainingConfig, check_trainable, split_heldout
+
+    try:
+        training = TrainingConfig(output_dir=args.out, steps=args.steps, batch_size=args.batch_size,
+                                  blocks_per_sequence=args.blocks, learning_rate=args.lr, warmup_steps=args.warmup,
+                                  checkpoint_every=args.checkpoint_every, seed=args.seed,
+                                  heldout_fraction=args.heldout_fraction, train_drafter=not args.selector_only,
+                                  selector_gold=args.selector_gold, distill_weight=args.distill_weight,
+                                  anchors=args.anchors, feature_cache_gb=args.feature_cache_gb)
+        check_trainable(split_heldout(records, training.heldout_fraction)[0], training.max_length)
+    except ValueError as error:
+        raise SystemExit(f"dflash2-hf train: {error}") from None
+    return training
+
+
+def starting_drafter(args: argparse.Namespace, target, tokenizer) -> DFlashDraftModel:
+    """The drafter training starts from: the ``--init-from`` drafter (continued, or upgraded to DFlash 2), else a new
+    one of the flags' layout initialised from the target's layers. Its layout is saved in ``--out``; a resumed run
+    asking for another is refused (the newest checkpoint there then replaces these starting weights)."""
+    from ..training.checkpoint import latest_checkpoint
+    from ..training.setup import drafter_config_for, drafter_to_continue, initialize_from_target
+
+    out, drafter = Path(args.out), None
+    torch.manual_seed(args.seed)
+    if args.init_from:
+        drafter = drafter_to_continue(args.init_from, selector_rank=args.selector_rank or None,
+                                      new_selector=args.new_selector, selector_factorised=args.factorised_selector)
+        config = drafter.config
+    else:
+        mask = args.mask_token_id if args.mask_token_id is not None else vocabulary_id(tokenizer, args.mask_token)
+        config = drafter_config_for(target.config, mask, num_layers=args.layers, num_taps=args.taps,
+                                    block_size=args.block_size, selector_rank=args.selector_rank or None,
+                                    intermediate_size=args.intermediate_size,
+                                    selector_factorised=args.factorised_selector)
+    saved_config = out / "drafter_config.json"
+    # A config without any checkpoint next to it (a run that failed before its first one) fixes nothing.
+    if latest_checkpoint(out) is not None and saved_config.exists():
+        check_resumed_layout(saved_config, config, init_from=bool(args.init_from))
+    out.mkdir(parents=True, exist_ok=True)
+    config.to_json_file(saved_config)
+    if drafter is None:
+        drafter = DFlashDraftModel.class_for_config(config)(config)
+        initialize_from_target(drafter, target)
+    return drafter
+
+
+def export_trained(args: argparse.Namespace, trainer, history: list[dict], folders: list[list[dict]]) -> None:
+    """Save the trained drafter with its provenance (target, data, the run it continues) and training curves."""
+    from ..export import read_training_record
+    from ..measuring.plots import training_curves
+    from ..presets import target_name
+    from ..training.data import describe_data
+
+    export = Path(args.export or Path(args.out) / "drafter")
+    data = " + ".join(describe_data(name, len(folder)) for name, folder in zip(args.data, folders))
+    provenance = {"target": target_name(args.target), "data": data}
+    if args.init_from:  # keep the record of the run this one continues
+        provenance["started_from"] = read_training_record(Path(args.init_from)) or {"drafter": args.init_from}
+    trainer.export(export, provenance=provenance)
+    if trainer.accelerator.is_main_process:  # the export folder exists on the main process only
+        training_curves(history, export / "training_curves.png")
+        print(f"drafter saved to {export}")
+
+
+def train(args: argparse.Namespace) -> None:
+    """Train a drafter on cached responses (resumes from ``--out``), then export it. Settings, data and output
+    folders are checked before the target loads, the data's token ids and a resumed run's layout right after."""
+    from ..presets import load_target
+    from ..training.trainer import DrafterTrainer
+
+    refuse_below("dflash2-hf train", "--steps", args.steps, 1)
+    folders = read_data(args.data, "train")
+    records = [record for folder in folders for record in folder]
+    training = training_settings(args, records)
+    check_out_folder("train", "--out", args.out)
+    if args.export:
+        check_out_folder("train", "--export", args.export)
+    check_target_argument("dflash2-hf train", "--target", args.target)
+    if args.init_from:
+        drafter_config("dflash2-hf train", "--init-from", args.init_from, args.target)
+    target, tokenizer = load_target(args.target, dtype=torch.bfloat16)
+    check_data_vocabulary("train", records, target, args.data)
+    trainer = DrafterTrainer(starting_drafter(args, target, tokenizer), target, records, training)
+    history = trainer.train()
+    export_trained(args, trainer, history, folders)
+    trainer.finish()

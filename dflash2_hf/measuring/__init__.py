@@ -1,0 +1,3 @@
+"""Measuring drafters and decoding: acceptance (``evaluation``), speed against plain decoding and peers
+(``benchmark``, ``reference_peer``, ``llama_cpp_peer``), the statistics of exact sampling (``exactness``), and plots.
+"""
