@@ -178,9 +178,24 @@ def check_publishable(config: DFlashConfig) -> None:
 
 
 def read_training_record(folder: Path) -> dict | None:
-    """The ``training.json`` that ``dflash2-hf train`` writes next to an exported drafter, if there is one."""
-    path = folder / "training.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    """The ``training.json`` that ``dflash2-hf train`` writes next to an exported drafter, if there is one; one that
+    is not a JSON object (cut short, edited, another file) is an :class:`ExportError` naming it."""
+    path = Path(folder) / "training.json"
+    if not path.is_file():
+        return None
+    record = _read_json(path, "training.json")
+    if not isinstance(record, dict):
+        raise ExportError(f"{path} is not a training record (a JSON object written by `dflash2-hf train`); move it "
+                          "away to export without one.")
+    return record
+
+
+def _read_json(path: Path, what: str) -> object:
+    """A JSON file's content, or an :class:`ExportError` naming the file when it is not UTF-8 JSON."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ExportError(f"{path} is not the JSON {what} should be ({error}).") from None
 
 
 def _format(value: object) -> str:
@@ -217,11 +232,14 @@ def measurements_section(results: Path | None) -> str:
     if not results.is_file():
         raise ExportError(f"Results file {results} not found.")
     if results.suffix == ".md":
-        return results.read_text().strip()
+        try:
+            return results.read_text(encoding="utf-8").strip()
+        except UnicodeDecodeError:
+            raise ExportError(f"{results} is not text; pass the results.md `dflash2-hf bench` wrote.") from None
     if results.suffix != ".json":
         raise ExportError(f"--results takes the results.json or results.md of `dflash2-hf bench`, not {results.name}.")
-    report = json.loads(results.read_text())
-    if "summary" not in report:
+    report = _read_json(results, "a results.json of `dflash2-hf bench`")
+    if not isinstance(report, dict) or not isinstance(report.get("summary"), list):
         raise ExportError(f"{results} has no `summary`; it is not a results.json written by `dflash2-hf bench`.")
     parts = [f"Command: `{report['command']}`"] if "command" in report else []
     if report.get("settings"):
@@ -303,11 +321,22 @@ def write_folder(
 
 
 def move_into_place(staging: Path, out: Path) -> None:
-    """Replace ``out`` (absent, empty, or checked to be overwritable) with the finished ``staging`` folder."""
-    if out.exists():
-        shutil.rmtree(out)
+    """Replace ``out`` (absent, empty, or checked to be overwritable) with the finished ``staging`` folder: the old
+    folder is moved aside, the new one moved in, and only then is the old one deleted, so a stop at any moment
+    leaves a whole folder at ``out`` or beside it, never neither."""
     staging.chmod(0o755)  # mkdtemp makes it private to the user
-    staging.rename(out)
+    if not out.exists():
+        staging.rename(out)
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}-replaced-", dir=out.parent)) / out.name
+    out.rename(aside)
+    try:
+        staging.rename(out)
+    except OSError:
+        aside.rename(out)  # put the old folder back
+        aside.parent.rmdir()
+        raise
+    shutil.rmtree(aside.parent)
 
 
 def export_drafter(

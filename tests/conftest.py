@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr
 from pathlib import Path
 
 import pytest
@@ -139,11 +140,14 @@ def weightless_target(tmp_path) -> str:
 
 
 def refusal(argv: list[str]) -> str:
-    """The message `dflash2-hf ARGV` stops with: one line, no traceback."""
+    """The line `dflash2-hf ARGV` stops with: exit status 2, one line naming the command, no traceback."""
     from dflash2_hf.cli import main
 
-    with pytest.raises(SystemExit) as stopped:
+    stderr = io.StringIO()
+    with redirect_stderr(stderr), pytest.raises(SystemExit) as stopped:
         main(argv)
-    message = str(stopped.value)
-    assert "\n" not in message
+    assert stopped.value.code == 2, stopped.value.code
+    assert "Traceback" not in stderr.getvalue()
+    message = stderr.getvalue().strip().splitlines()[-1]
+    assert message.startswith(f"dflash2-hf {argv[0]}: "), message
     return message

@@ -147,11 +147,33 @@ def test_a_shard_line_that_is_not_a_record_is_refused_naming_the_file_and_line(t
         f"dflash2-hf train: {data / 'shard-0000000.jsonl'}, line 2: not a record with prompt_ids and response_ids")
 
 
-def test_train_refuses_zero_steps(target, tmp_path):
+# A numeric `train` option out of its range -> the rule the refusal states.
+TRAIN_OUT_OF_RANGE = [
+    ("--steps", "0", ">= 1"), ("--batch-size", "0", ">= 1"), ("--blocks", "0", ">= 1"), ("--warmup", "-1", ">= 0"),
+    ("--checkpoint-every", "0", ">= 1"), ("--layers", "0", ">= 1"), ("--taps", "0", ">= 1"),
+    ("--block-size", "1", ">= 2"), ("--selector-rank", "-1", ">= 0"), ("--intermediate-size", "0", ">= 1"),
+    ("--mask-token-id", "-1", ">= 0"), ("--seed", "-1", ">= 0"), ("--feature-cache-gb", "-1", ">= 0"),
+    ("--lr", "0", "> 0"), ("--lr", "-1", "> 0"),
+]
+
+
+@pytest.mark.parametrize(("flag", "value", "rule"), TRAIN_OUT_OF_RANGE)
+def test_train_refuses_every_number_out_of_range_before_loading(target, tmp_path, flag, value, rule):
     data = data_folder(tmp_path / "data", [record()] * 4)
-    assert refusal([*train_argv(target, data, tmp_path / "run"), "--steps", "0"]) == (
-        "dflash2-hf train: --steps must be >= 1, got 0.")
+    shown = float(value) if flag in ("--lr", "--feature-cache-gb") else value
+    assert refusal([*train_argv(target, data, tmp_path / "run"), f"{flag}={value}"]) == (
+        f"dflash2-hf train: {flag} must be {rule}, got {shown}.")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("flag", "value", "rule"), [
+    ("--temperature", "-1", ">= 0 (0: answers greedily)"), ("--max-prompt-chars", "0", ">= 1")])
+def test_data_refuses_numbers_out_of_range_and_leaves_no_manifest(target, tmp_path, flag, value, rule):
+    path = chat_file(tmp_path, '{"messages": [{"role": "user", "content": "Hi"}]}\n')
+    shown = float(value) if flag == "--temperature" else value
+    assert refusal(data_argv(target, tmp_path, "--chat-file", path, f"{flag}={value}")) == (
+        f"dflash2-hf data: {flag} must be {rule}, got {shown}.")
+    assert not (tmp_path / "out").exists()
 
 
 def test_train_refuses_a_heldout_fraction_of_one_or_more(target, tmp_path):
@@ -198,3 +220,74 @@ def test_a_drafter_folder_without_a_drafter_is_refused_before_loading(target, tm
             else ["heldout", missing, "--target", target, "--data", str(data), "--heldout-fraction", "0.5"])
     flag = "--init-from" if command == "train" else "drafter"
     assert refusal(argv).startswith(f"dflash2-hf {command}: {flag} {missing}: no config.json there")
+
+
+# Outputs written at the end of a command's work, by kind: files (evaluate, heldout) and folders (bench).
+OUTPUT_KINDS = {"evaluate": "file", "heldout": "file", "bench": "folder"}
+# A bad output (built under tmp_path, which holds a file "file" and a folder "folder") -> the refusal's reason, by kind
+BAD_OUTPUTS = {
+    "under a file": ("file/out", {"file": "its folder {tmp}/file exists and is not a folder.",
+                                  "folder": "cannot be made: {tmp}/file is a file, not a folder."}),
+    "deep under a file": ("file/sub/out", {"file": "its folder {tmp}/file/sub cannot be made: {tmp}/file is a file",
+                                           "folder": "cannot be made: {tmp}/file is a file, not a folder."}),
+    "an existing folder for a file": ("folder", {"file": "is a folder; name a file to write."}),
+    "an existing file for a folder": ("file", {"folder": "exists and is not a folder."}),
+    "under /proc": ("/proc/dflash2-out", {"file": "its folder /proc cannot be written: no folder can be made in /proc",
+                                           "folder": "cannot be written: no folder can be made in /proc"}),
+}
+
+
+def output_argv(command: str, target: str, tmp_path: Path, out: str) -> list[str]:
+    data = data_folder(tmp_path / "data", [record()] * 4)
+    return {"evaluate": ["evaluate", str(tmp_path / "drafter"), "--target", target],
+            "heldout": ["heldout", str(tmp_path / "drafter"), "--target", target, "--data", str(data),
+                        "--heldout-fraction", "0.5"],
+            "bench": ["bench", "--target", target, "--no-drafter"]}[command] + ["--out", out]
+
+
+@pytest.mark.parametrize(("command", "case"), [
+    (command, case) for command, kind in OUTPUT_KINDS.items() for case, (relative, reasons) in BAD_OUTPUTS.items()
+    if kind in reasons and (Path("/proc").is_dir() or not relative.startswith("/proc"))])
+def test_an_output_that_cannot_be_written_is_refused_before_anything_loads(target, tmp_path, command, case):
+    relative, reasons = BAD_OUTPUTS[case]
+    (tmp_path / "file").write_text("")
+    (tmp_path / "folder").mkdir()
+    out = relative if relative.startswith("/") else str(tmp_path / relative)
+    message = refusal(output_argv(command, target, tmp_path, out))
+    assert message.startswith(f"dflash2-hf {command}: --out {out}")
+    assert reasons[OUTPUT_KINDS[command]].format(tmp=tmp_path) in message
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["data", "file", "folder", "target"]
+    assert list((tmp_path / "folder").iterdir()) == [], "nothing written"
+
+
+def test_a_result_file_is_written_whole_into_a_folder_made_for_it(tmp_path):
+    from dflash2_hf.cli.checks import write_json
+
+    out = tmp_path / "new" / "deeper" / "results.json"
+    write_json(str(out), {"first": 1})
+    write_json(str(out), {"second": 2})
+    assert json.loads(out.read_text()) == {"second": 2}
+    assert [path.name for path in out.parent.iterdir()] == ["results.json"], "no partial file left behind"
+
+
+def float_options() -> list[tuple[str, str]]:
+    """(command, flag) for every option of every command that parses a float."""
+    import argparse
+
+    from dflash2_hf.cli import command_parser
+
+    (commands,) = [action for action in command_parser()._actions if isinstance(action, argparse._SubParsersAction)]
+    return [(name, action.option_strings[-1]) for name, parser in commands.choices.items()
+            for action in parser._actions if action.type is float]
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize(("command", "flag"), float_options())
+def test_a_number_that_is_not_finite_is_refused_for_every_float_option(target, tmp_path, command, flag, value):
+    positional = {"info": [str(tmp_path)], "evaluate": [str(tmp_path)], "heldout": [str(tmp_path)],
+                  "export": [str(tmp_path), str(tmp_path / "out")], "generate": ["Hi"]}.get(command, [])
+    required = {"train": ["--data", str(tmp_path), "--out", str(tmp_path / "run")], "heldout": ["--data", str(tmp_path)],
+                "data": ["--out", str(tmp_path / "out")]}.get(command, [])
+    argv = [command, *positional, *required, "--target", target, f"{flag}={value}"]
+    assert refusal(argv) == f"dflash2-hf {command}: {flag} must be a finite number, got {float(value)}."
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["target"], "nothing written"

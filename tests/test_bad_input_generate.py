@@ -1,6 +1,8 @@
 """Bad input to `target.generate(assistant_model=drafter)`: refused with a message that says what to do, before the
 target or the drafter runs; valid input at the limits still decodes exactly as plain `generate`."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -120,3 +122,63 @@ def test_an_empty_cache_passed_in_is_used(target, drafter):
 def test_a_v1_drafter_without_vocab_size_is_bounded_by_the_target_vocabulary(target):
     drafter = tiny_drafter("dflash", vocab_size=None)
     refuse_before_any_work(target, drafter, "must be at most the vocabulary size, 96", prompt(), dflash_top_k=200)
+
+
+@pytest.mark.parametrize("value", ["no", "yes", "", 1, 0, 1.0, [True]])
+def test_a_flag_that_is_not_a_bool_is_refused(target, drafter, value):
+    refuse_before_any_work(target, drafter, rf"record_drafts must be True or False, got {re.escape(repr(value))}",
+                           prompt(), dflash_record_drafts=value)
+
+
+# An attention mask DFlash decoding cannot honour (for the 12-token prompt) -> what the refusal says.
+BAD_MASKS = {
+    "shorter than the prompt": (torch.ones(1, 11, dtype=torch.long), r"attention_mask \(or position_ids\) has shape "
+                                r"\(1, 11\); input_ids has \(1, 12\)"),
+    "longer than the prompt": (torch.ones(1, 13, dtype=torch.long), r"has shape \(1, 13\); input_ids has"),
+    "shorter, with a zero": (torch.tensor([[1] * 10 + [0]]), r"has shape \(1, 11\); input_ids has"),
+    "left padding": (torch.tensor([[0, 0] + [1] * 10]), "The prompt is left-padded .2 masked tokens."),
+    "holes in the prompt": (torch.tensor([[1] * 5 + [0] + [1] * 6]), r"hides prompt tokens at positions \[5\]"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_MASKS)
+def test_an_attention_mask_that_does_not_attend_to_the_whole_prompt_is_refused(target, drafter, case):
+    mask, says = BAD_MASKS[case]
+    refuse_before_any_work(target, drafter, says, prompt(), attention_mask=mask)
+
+
+def test_position_ids_of_ones_own_are_refused_rather_than_ignored(target, drafter):
+    refuse_before_any_work(target, drafter, r"places the prompt at positions 0 .. n-1; pass no position_ids",
+                           prompt(), position_ids=torch.arange(12)[None] + 5)
+
+
+def test_prompt_tokens_equal_to_the_pad_token_are_refused_as_such_not_as_padding(target, drafter):
+    # generate masks every token equal to pad_token_id when no mask is passed and the pad token is not EOS
+    ids = prompt()
+    refuse_before_any_work(target, drafter, rf"Prompt tokens at positions \[3\] equal pad_token_id {int(ids[0, 3])}, "
+                           r"which generate masks out .* attention_mask=torch.ones_like\(input_ids\)", ids,
+                           pad_token_id=int(ids[0, 3]), eos_token_id=95)
+
+
+def test_a_full_attention_mask_decodes_as_plain_generate(target, drafter):
+    ids = prompt()
+    settings = dict(max_new_tokens=12, do_sample=False, attention_mask=torch.ones_like(ids),
+                    pad_token_id=int(ids[0, 3]), eos_token_id=95)
+    assert torch.equal(target.generate(ids, assistant_model=drafter, **settings), target.generate(ids, **settings))
+
+
+def test_an_option_out_of_range_names_the_drafter_config_when_the_call_set_none(target):
+    drafter = tiny_drafter("dflash2", default_tree_nodes=8)  # a 1-position lattice of 4 candidates holds 4 branches
+    refuse_before_any_work(target, drafter, "got 8 from the drafter config's default_tree_nodes. Pass a smaller "
+                           "dflash_tree_nodes", prompt(), dflash_block_size=2)
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_drafter_with_non_finite_weights_is_refused_naming_them(target, do_sample, bad):
+    drafter = tiny_drafter("dflash2")
+    name, weight = list(drafter.named_parameters())[3]
+    with torch.no_grad():
+        weight.view(-1)[0] = bad
+    with pytest.raises(ValueError, match=rf"The drafter has NaN or Inf weights in {re.escape(name)}; load or train"):
+        target.generate(prompt(), max_new_tokens=5, do_sample=do_sample, assistant_model=drafter)

@@ -140,12 +140,44 @@ def test_packed_linears_and_kernel_limits_get_measurements_of_their_own(target, 
     assert len(list(tmp_path.glob("*.json"))) == 3, "kernels held to AVX2 run at another cost"
 
 
-def test_an_unreadable_cache_entry_is_measured_again(target, drafter, tmp_path):
+# Cache entries that are not a cost this version wrote: a file edited by hand, cut short or of another shape.
+BAD_CACHE_ENTRIES = {
+    "not JSON": "{not json",
+    "not UTF-8": b"\xff\xfe",
+    "a list": "[1, 2, 3]",
+    "a number": "3",
+    "no verify times": '{"fixed_seconds": 0.1}',
+    "verify times as a mapping": '{"fixed_seconds": 0.1, "verify_seconds": {"1": 0.1}}',
+    "verify times as strings": '{"fixed_seconds": 0.1, "verify_seconds": ["0.1", "0.2"]}',
+    "a boolean time": '{"fixed_seconds": true, "verify_seconds": [0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1]}',
+    "a negative time": '{"fixed_seconds": 0.1, "verify_seconds": [-1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1]}',
+    "an infinite time": '{"fixed_seconds": 0.1, "verify_seconds": [Infinity, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1]}',
+    "a NaN time": '{"fixed_seconds": NaN, "verify_seconds": [0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1]}',
+    "too few lengths": '{"fixed_seconds": 0.1, "verify_seconds": [0.1, 0.2]}',
+}
+
+
+@pytest.mark.parametrize("case", BAD_CACHE_ENTRIES)
+def test_a_cache_entry_of_another_shape_is_measured_again_and_replaced(target, drafter, tmp_path, case):
     cycle_cost_for(target, drafter, 8, folder=tmp_path)
     (entry,) = tmp_path.glob("*.json")
-    entry.write_text("{not json")
-    cost = cycle_cost_for(target, drafter, 8, folder=tmp_path)
-    assert CycleCost.from_json(json.loads(entry.read_text())) == cost
+    bad = BAD_CACHE_ENTRIES[case]
+    entry.write_bytes(bad if isinstance(bad, bytes) else bad.encode())
+    with pytest.warns(UserWarning, match=f"the cached cycle cost {entry} cannot be used .*; measuring it again"):
+        cost = cycle_cost_for(target, drafter, 8, folder=tmp_path)
+    assert len(cost.verify_seconds) == 8
+    assert CycleCost.from_json(json.loads(entry.read_text())) == cost, "replaced by the new measurement"
+
+
+def test_a_cache_folder_that_cannot_be_made_leaves_decoding_to_go_on_with_a_warning(target, drafter, tmp_path,
+                                                                                    monkeypatch):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("DFLASH2_HF_CACHE", str(tmp_path / "file" / "cache"))  # as a read-only home would
+    plain = target.generate(PROMPT, max_new_tokens=20, do_sample=False)
+    with pytest.warns(UserWarning, match="cannot keep the measured cycle cost in .*; decoding goes on"):
+        ours = target.generate(PROMPT, max_new_tokens=20, do_sample=False, assistant_model=drafter,
+                               dflash_adaptive_block=True)
+    assert torch.equal(plain, ours)
 
 
 def test_adaptive_true_measures_once_and_keeps_the_output_exact(target, drafter, tmp_path, monkeypatch):

@@ -75,10 +75,12 @@ def test_every_cache_object_decodes_as_plain_or_is_refused_first(models, route, 
 
 
 @pytest.mark.parametrize("route", ROUTES)
-def test_the_default_and_the_dynamic_cache_decode_and_the_static_cache_is_refused(models, route):
+@pytest.mark.parametrize("tree_nodes", [0, 6])
+@pytest.mark.parametrize("cache", [{}, {"cache_implementation": "dynamic"}, {"cache_implementation": "static"}],
+                         ids=["default", "dynamic", "static"])
+def test_the_default_dynamic_and_static_caches_decode_as_plain_generate_with_them(models, route, tree_nodes, cache):
     target, drafter = models
-    expected = target.generate(PROMPT, max_new_tokens=24, do_sample=False)
-    assert torch.equal(drafted_or_refusal(target, drafter, route), expected)
-    assert torch.equal(drafted_or_refusal(target, drafter, route, cache_implementation="dynamic"), expected)
-    refusal = drafted_or_refusal(target, drafter, route, cache_implementation="static")
-    assert isinstance(refusal, ValueError) and "StaticCache" in str(refusal)
+    expected = target.generate(PROMPT, max_new_tokens=24, do_sample=False, **cache)
+    drafted = drafted_or_refusal(target, drafter, route, dflash_tree_nodes=tree_nodes, **cache)
+    assert torch.equal(drafted, expected)
+

@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import PUBLISHED, REFERENCE, tiny_drafter_config, tiny_target
+from conftest import PUBLISHED, REFERENCE, refusal, tiny_drafter_config, tiny_target
 from dflash2_hf import DFlash2DraftModel, DFlashDraftModel
 from dflash2_hf.cli import main
 from dflash2_hf.cli.generate import exact_bf16_tip, identity_verdict
@@ -197,8 +198,8 @@ def test_train_continues_a_drafter_on_soft_labels_without_a_heldout_set(target, 
 
 
 def test_train_refuses_a_distill_weight_outside_zero_to_one_before_loading_the_target(data, tmp_path):
-    with pytest.raises(SystemExit, match="distill_weight must be between 0 and 1, got 2.0"):
-        main(train_argv(str(tmp_path / "no-such-model"), data[0], tmp_path / "run", "--distill-weight", "2"))
+    message = refusal(train_argv(str(tmp_path / "no-such-model"), data[0], tmp_path / "run", "--distill-weight", "2"))
+    assert re.search("distill_weight must be between 0 and 1, got 2.0", message)
 
 
 def test_train_takes_selector_blocks_at_decoding_anchors_when_asked_and_records_it(target, data, trained, tmp_path):
@@ -209,8 +210,8 @@ def test_train_takes_selector_blocks_at_decoding_anchors_when_asked_and_records_
 
 
 def test_train_refuses_decoding_anchors_for_a_drafter_that_trains_before_loading_the_target(data, tmp_path):
-    with pytest.raises(SystemExit, match="needs a frozen drafter"):
-        main(train_argv(str(tmp_path / "no-such-model"), data[0], tmp_path / "run", "--anchors", "decoding"))
+    message = refusal(train_argv(str(tmp_path / "no-such-model"), data[0], tmp_path / "run", "--anchors", "decoding"))
+    assert re.search("needs a frozen drafter", message)
 
 
 def test_train_reads_several_data_folders_in_order_and_records_each(target, data, tmp_path):
@@ -222,8 +223,8 @@ def test_train_reads_several_data_folders_in_order_and_records_each(target, data
 
 
 def test_train_refuses_a_data_folder_without_responses_before_loading_the_target(data, tmp_path):
-    with pytest.raises(SystemExit, match=f"dflash2-hf train: {tmp_path / 'typo'} holds no response shards"):
-        main(train_argv(str(tmp_path / "no-such-model"), [data[0], tmp_path / "typo"], tmp_path / "run"))
+    message = refusal(train_argv(str(tmp_path / "no-such-model"), [data[0], tmp_path / "typo"], tmp_path / "run"))
+    assert re.search(f"dflash2-hf train: {tmp_path / 'typo'} holds no response shards", message)
 
 
 @pytest.mark.parametrize("command", ["train", "heldout"])
@@ -237,9 +238,7 @@ def test_token_ids_outside_the_targets_vocabulary_are_refused_naming_the_shard_a
     shard.write_text(json.dumps(record) + "\n")
     argv = (train_argv(target, folder, tmp_path / "run") if command == "train" else
             ["heldout", str(trained / "drafter"), "--target", target, "--data", str(folder), "--heldout-fraction", "0.5"])
-    with pytest.raises(SystemExit) as stopped:
-        main(argv)
-    assert str(stopped.value) == (
+    assert refusal(argv) == (
         f"dflash2-hf {command}: {shard}, line 1: token id 1000000 is outside the target's vocabulary (ids 0 to 49151): "
         "the data was made with another tokenizer; train with the target that made it (its manifest.json names it), "
         "or make the data with this one.")
@@ -258,9 +257,7 @@ def test_train_resumed_with_the_same_flags_continues_from_its_checkpoint(target,
 def test_train_refuses_to_resume_with_another_layout_naming_the_saved_and_asked_values(target, data, trained, tmp_path):
     shutil.copytree(trained, tmp_path / "run", ignore=shutil.ignore_patterns("drafter"))
     before = sorted(path.name for path in (tmp_path / "run").iterdir())
-    with pytest.raises(SystemExit) as stopped:
-        main([*train_argv(target, data[0], tmp_path / "run"), "--layers", "2", "--block-size", "8"])
-    assert str(stopped.value) == (
+    assert refusal([*train_argv(target, data[0], tmp_path / "run"), "--layers", "2", "--block-size", "8"]) == (
         f"dflash2-hf train: {tmp_path / 'run'} holds checkpoints of another drafter layout: --layers "
         "(num_hidden_layers): 1 saved, 2 asked; --block-size (block_size): 4 saved, 8 asked (saved in "
         f"{tmp_path / 'run' / 'drafter_config.json'}). Resume with the saved values, or pass a new --out to start fresh.")
@@ -294,15 +291,16 @@ def test_heldout_can_follow_the_anchors_greedy_decoding_visits(target, data, tra
 
 
 def test_heldout_refuses_following_no_answer_token_before_loading_the_target(data, trained, tmp_path):
-    with pytest.raises(SystemExit, match="--decoding-tokens 0"):
-        main(["heldout", str(trained / "drafter"), "--target", str(tmp_path / "no-such-model"), "--data", str(data[0]),
-              "--heldout-fraction", "0.34", "--anchors", "decoding", "--decoding-tokens", "0"])
+    message = refusal(["heldout", str(trained / "drafter"), "--target", str(tmp_path / "no-such-model"),
+                       "--data", str(data[0]), "--heldout-fraction", "0.34", "--anchors", "decoding",
+                       "--decoding-tokens", "0"])
+    assert re.search("--decoding-tokens 0", message)
 
 
 def test_heldout_refuses_a_fraction_that_holds_out_nothing(target, data, trained):
-    with pytest.raises(SystemExit, match="holds out no record"):
-        main(["heldout", str(trained / "drafter"), "--target", target, "--data", str(data[0]),
+    message = refusal(["heldout", str(trained / "drafter"), "--target", target, "--data", str(data[0]),
               "--heldout-fraction", "0.05"])
+    assert re.search("holds out no record", message)
 
 
 def test_train_new_selector_swaps_in_a_factorised_selector_on_the_same_drafter(target, data, trained, tmp_path):
@@ -339,8 +337,8 @@ def test_train_takes_the_mask_token_and_mlp_width_it_is_given(target, data, tmp_
 
 
 def test_train_refuses_a_mask_token_the_vocabulary_lacks_before_training(target, data, tmp_path):
-    with pytest.raises(SystemExit, match="'<\\|fim_pad\\|>' is not a token of the target's vocabulary"):
-        run(train_argv(target, data[0], tmp_path / "run", "--mask-token", "<|fim_pad|>"))
+    message = refusal(train_argv(target, data[0], tmp_path / "run", "--mask-token", "<|fim_pad|>"))
+    assert re.search("'<\\|fim_pad\\|>' is not a token of the target's vocabulary", message)
     assert not list((tmp_path / "run").glob("step-*")), "no training step ran"
 
 
@@ -473,13 +471,18 @@ def test_accelerate_launch_trains_with_two_processes(target, data, tmp_path):
     assert isinstance(DFlashDraftModel.from_pretrained(tmp_path / "ddp" / "drafter"), DFlash2DraftModel)
 
 
+def bench_argv(*argv: str) -> list[str]:
+    """A small `dflash2-hf bench` command line (1 HumanEval prompt, T=0, 6 new tokens, 1 thread) with ARGV added."""
+    return ["bench", "--prompts", "humaneval", "--per-source", "1", "--temperatures", "0", "--max-new-tokens", "6",
+            "--threads", "1", *argv]
+
+
 def bench_once(*argv: str) -> dict:
-    """One small `dflash2-hf bench` run (1 HumanEval prompt, T=0, 6 new tokens, 1 thread): its results.json."""
+    """One small `dflash2-hf bench` run (:func:`bench_argv`): its results.json."""
     threads = torch.get_num_threads()
     out = Path(argv[argv.index("--out") + 1])
     try:
-        run(["bench", "--prompts", "humaneval", "--per-source", "1", "--temperatures", "0", "--max-new-tokens", "6",
-             "--threads", "1", *argv])
+        run(bench_argv(*argv))
     finally:
         torch.set_num_threads(threads)
     return json.loads((out / "results.json").read_text())
@@ -541,8 +544,9 @@ def test_bench_lookup_tokens_add_a_tree_with_a_branch_copied_from_the_context(ta
 
 
 def test_bench_lookup_tokens_without_tree_sizes_are_refused_before_loading(tmp_path):
-    with pytest.raises(SystemExit, match="--lookup-tokens adds a branch to token trees; give --tree-nodes too"):
-        main(["bench", "--target", str(tmp_path / "no-such-model"), "--lookup-tokens", "8", "--out", str(tmp_path)])
+    message = refusal(["bench", "--target", str(tmp_path / "no-such-model"), "--lookup-tokens", "8",
+                       "--out", str(tmp_path)])
+    assert re.search("--lookup-tokens adds a branch to token trees; give --tree-nodes too", message)
 
 
 def test_bench_lookup_ngrams_run_each_lookup_branch_once_per_longest_matched_suffix(target, trained, tmp_path):
@@ -560,14 +564,14 @@ def test_bench_lookup_ngrams_run_each_lookup_branch_once_per_longest_matched_suf
     (["--tree-nodes", "8", "--lookup-tokens", "16", "--lookup-ngrams", "0"], "--lookup-ngrams must be >= 1"),
 ])
 def test_bench_lookup_ngrams_without_a_lookup_branch_or_below_one_are_refused_before_loading(tmp_path, options, message):
-    with pytest.raises(SystemExit, match=message):
-        main(["bench", "--target", str(tmp_path / "no-such-model"), *options, "--out", str(tmp_path)])
+    message = refusal(["bench", "--target", str(tmp_path / "no-such-model"), *options, "--out", str(tmp_path)])
+    assert re.search(message, message)
 
 
 def test_kernel_flags_without_a_dtype_are_refused_since_auto_chooses_them(tmp_path):
-    with pytest.raises(SystemExit, match="dflash2-hf generate: --packed-linears and --exact-attention go with an "
-                                         r"explicit --dtype; --dtype auto \(the default\) chooses them itself\."):
-        main(["generate", "--target", str(tmp_path / "no-such-model"), "--packed-linears"])
+    message = refusal(["generate", "--target", str(tmp_path / "no-such-model"), "--packed-linears"])
+    assert re.search("dflash2-hf generate: --packed-linears and --exact-attention go with an "
+                                         r"explicit --dtype; --dtype auto \(the default\) chooses them itself\.", message)
 
 
 def test_generate_with_packed_float32_linears_matches_plain_decoding(target, trained):
@@ -580,34 +584,36 @@ def test_generate_with_packed_float32_linears_matches_plain_decoding(target, tra
 
 @pytest.mark.parametrize("command", ["bench", "generate"])
 def test_exact_attention_in_float32_is_refused_before_loading(tmp_path, command):
-    with pytest.raises(SystemExit, match=f"dflash2-hf {command}: --exact-attention makes bf16 decoding exact "
-                                         r"\(float32 is exact already\); add --dtype bfloat16"):
-        main([command, "--target", str(tmp_path / "no-such-model"), "--exact-attention", "--dtype", "float32"])
+    message = refusal([command, "--target", str(tmp_path / "no-such-model"), "--exact-attention", "--dtype", "float32"])
+    assert re.search(f"dflash2-hf {command}: --exact-attention makes bf16 decoding exact "
+                                         r"\(float32 is exact already\); add --dtype bfloat16", message)
 
 
 def test_bf16_cpu_options_on_a_cpu_without_onednn_bf16_are_refused_before_loading(tmp_path, monkeypatch):
     monkeypatch.setattr("dflash2_hf.cli.checks.packed_linears_supported", lambda *dtype: False)  # as on such a CPU
-    with pytest.raises(SystemExit, match="--packed-linears and --exact-attention need a CPU whose bf16 matmuls run "
-                                         "through oneDNN"):
-        main(["generate", "--target", str(tmp_path / "no-such-model"), "--packed-linears", "--exact-attention",
+    message = refusal(["generate", "--target", str(tmp_path / "no-such-model"), "--packed-linears", "--exact-attention",
               "--dtype", "bfloat16"])
+    assert re.search("--packed-linears and --exact-attention need a CPU whose bf16 matmuls run "
+                                         "through oneDNN", message)
 
 
 def test_bench_refuses_more_sharegpt_prompts_than_are_held_out_before_loading(tmp_path):
-    with pytest.raises(SystemExit, match="ShareGPT holds out 100 benchmark prompts"):
-        main(["bench", "--target", str(tmp_path / "no-such-model"), "--prompts", "sharegpt", "--per-source", "101",
+    message = refusal(["bench", "--target", str(tmp_path / "no-such-model"), "--prompts", "sharegpt",
+                       "--per-source", "101",
               "--out", str(tmp_path)])
+    assert re.search("ShareGPT holds out 100 benchmark prompts", message)
 
 
 def test_bench_llama_cpp_needs_a_gguf_target_and_says_so_before_loading(target, trained, tmp_path):
-    with pytest.raises(SystemExit, match="not a GGUF checkpoint; --llama-cpp needs a GGUF preset target"):
-        bench_once("--target", target, "--drafter", str(trained / "drafter"), "--llama-cpp", "--out", str(tmp_path))
+    message = refusal(bench_argv("--target", target, "--drafter", str(trained / "drafter"), "--llama-cpp",
+                                 "--out", str(tmp_path)))
+    assert re.search("not a GGUF checkpoint; --llama-cpp needs a GGUF preset target", message)
 
 
 def test_bench_llama_cpp_without_the_package_names_the_build_command(target, trained, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as on a machine without llama-cpp-python
-    with pytest.raises(SystemExit, match='CMAKE_ARGS="-DGGML_NATIVE=OFF'):
-        bench_once("--target", "smollm2-135m", "--llama-cpp", "--out", str(tmp_path))
+    message = refusal(bench_argv("--target", "smollm2-135m", "--llama-cpp", "--out", str(tmp_path)))
+    assert re.search('CMAKE_ARGS="-DGGML_NATIVE=OFF', message)
 
 
 def test_generate_with_adaptive_blocks_matches_plain_decoding(target, trained, tmp_path, monkeypatch):
@@ -726,9 +732,9 @@ def test_data_code_prompts_asks_the_target_to_complete_each_documented_function(
     ([], "is not a folder of Python sources"),
 ])
 def test_data_code_prompts_refuses_bad_input_before_loading_the_target(tmp_path, extra, message):
-    with pytest.raises(SystemExit, match=message):
-        main(["data", "--target", str(tmp_path / "no-such-model"), "--out", str(tmp_path / "out"),
+    message = refusal(["data", "--target", str(tmp_path / "no-such-model"), "--out", str(tmp_path / "out"),
               "--code-prompts", str(tmp_path / "no-such-folder"), *extra])
+    assert re.search(message, message)
 
 
 def test_data_never_answers_the_sharegpt_prompts_benchmarks_hold_out(target, tmp_path, monkeypatch):
@@ -751,9 +757,9 @@ def test_read_responses_reads_several_folders_in_the_order_given(data, tmp_path)
 
 
 def test_data_exclude_data_refuses_a_folder_without_responses_before_loading_the_target(tmp_path):
-    with pytest.raises(SystemExit, match="holds no response shards"):
-        main(["data", "--target", str(tmp_path / "no-such-model"), "--out", str(tmp_path / "out"),
+    message = refusal(["data", "--target", str(tmp_path / "no-such-model"), "--out", str(tmp_path / "out"),
               "--exclude-data", str(tmp_path)])
+    assert re.search("holds no response shards", message)
 
 
 def test_data_existing_responses_leave_out_the_prompts_of_an_earlier_folder(target, tmp_path):
@@ -790,6 +796,37 @@ def test_data_refuses_to_mix_existing_replies_into_a_folder_of_target_answers(ta
     chat_file.write_text("".join(json.dumps({"messages": [{"role": "user", "content": c},
                                                           {"role": "assistant", "content": "Sure."}]}) + "\n"
                                  for c in CHAT))
-    with pytest.raises(ValueError, match="holds responses made with other settings"):
-        run(["data", "--target", target, "--chat-file", str(chat_file), "--out", str(folder),
-             "--limit", "3", "--existing-responses", "--max-new-tokens", "12"])
+    message = refusal(["data", "--target", target, "--chat-file", str(chat_file), "--out", str(folder),
+                       "--limit", "3", "--existing-responses", "--max-new-tokens", "12"])
+    assert re.search(f"dflash2-hf data: {folder} holds responses made with other settings: .*; use a new folder.",
+                     message)
+
+
+def test_train_refuses_to_resume_with_another_learning_rate_naming_both(target, data, trained, tmp_path):
+    shutil.copytree(trained, tmp_path / "run", ignore=shutil.ignore_patterns("drafter"))
+    before = sorted(path.name for path in (tmp_path / "run").iterdir())
+    assert refusal([*train_argv(target, data[0], tmp_path / "run"), "--lr", "2e-3", "--steps", "4"]) == (
+        f"dflash2-hf train: {tmp_path / 'run'} holds a run trained with another schedule: --lr 0.001 saved, 0.002 "
+        "asked (step-000003). Resume with the saved values, or pass a new --out to start fresh.")
+    assert sorted(path.name for path in (tmp_path / "run").iterdir()) == before, "nothing written"
+
+
+@pytest.mark.parametrize("export", ["itself", "its parent"])
+def test_train_refuses_to_export_over_the_drafter_it_starts_from(target, data, trained, tmp_path, export):
+    start = tmp_path / "start" / "drafter"
+    shutil.copytree(trained / "drafter", start)
+    folder = start if export == "itself" else start.parent
+    message = refusal(train_argv(target, data[0], tmp_path / "run", "--init-from", str(start), "--export",
+                                 str(folder)))
+    assert message == (f"dflash2-hf train: the drafter is exported to {folder}, which holds the --init-from drafter "
+                       "it starts from; pass another --export (or --out).")
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_that_diverges_stops_in_one_line_and_exports_nothing(target, data, tmp_path):
+    message = refusal(train_argv(target, data[0], tmp_path / "run", "--lr", "1e12", "--steps", "4"))
+    assert re.fullmatch(r"dflash2-hf train: Training diverged at step \d: .* \(learning rate 1000000000000.0\)\. "
+                        r"Nothing was saved from it; .* Train again with a lower --lr and a new --out\.", message)
+    assert not (tmp_path / "run" / "drafter").exists()
+    for checkpoint in (tmp_path / "run").glob("step-*"):
+        assert all(bool(torch.isfinite(t).all()) for t in load_file(checkpoint / "model.safetensors").values())

@@ -14,7 +14,7 @@ import yaml
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from conftest import PUBLISHED, tiny_drafter, tiny_target
+from conftest import PUBLISHED, refusal, tiny_drafter, tiny_target
 from dflash2_hf import DFlash2DraftModel, DFlashDraftModel
 from dflash2_hf.cli import main
 from dflash2_hf.export import NO_MEASUREMENTS, ExportError, export_drafter
@@ -272,6 +272,49 @@ def test_non_empty_output_is_refused_unless_overwrite(drafter_folder, tmp_path):
         export_drafter(drafter_folder, tmp_path, overwrite=True)
 
 
+def test_overwrite_keeps_the_old_folder_until_the_new_one_is_in_place(drafter_folder, tmp_path, monkeypatch):
+    out = tmp_path / "hub"
+    export_drafter(drafter_folder, out)
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    rename = Path.rename
+
+    def stopped_moving_the_new_folder_in(self, target):
+        if Path(target) == out and self.name.startswith(".hub-") and "replaced" not in str(self):
+            raise OSError("stopped")  # as a stop between moving the old folder aside and the new one in
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", stopped_moving_the_new_folder_in)
+    with pytest.raises(OSError, match="stopped"):
+        export_drafter(drafter_folder, out, overwrite=True, path="expected")
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before, "the old folder is back, whole"
+    monkeypatch.undo()
+    export_drafter(drafter_folder, out, overwrite=True, path="expected")
+    assert json.loads((out / "generation_config.json").read_text())["dflash_path"] == "expected"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["drafter", "hub"], "nothing left aside"
+
+
+# Files given to export that are not what it reads -> what the refusal says.
+UNREADABLE_INPUTS = {
+    "results.md that is not text": ("results.md", b"\xff\xfe\x00binary", "is not text; pass the results.md"),
+    "results.json that is not JSON": ("results.json", b"{cut", "is not the JSON a results.json of"),
+    "results.json that is not UTF-8": ("results.json", b"\xff\xfe", "is not the JSON a results.json of"),
+    "results.json of another shape": ("results.json", b"[1, 2]", "has no `summary`"),
+    "training.json that is not JSON": ("training.json", b"{cut", "is not the JSON training.json should be"),
+    "training.json that is not an object": ("training.json", b"[]", "is not a training record"),
+}
+
+
+@pytest.mark.parametrize("case", UNREADABLE_INPUTS)
+def test_an_input_export_cannot_read_is_refused_in_one_line_before_writing(drafter_folder, tmp_path, case):
+    name, content, says = UNREADABLE_INPUTS[case]
+    given = drafter_folder / name if name == "training.json" else tmp_path / name
+    given.write_bytes(content)
+    argv = ["export", str(drafter_folder), str(tmp_path / "hub")]
+    message = refusal(argv + (["--results", str(given)] if name != "training.json" else []))
+    assert says in message and str(given) in message
+    assert not (tmp_path / "hub").exists()
+
+
 def test_a_folder_without_a_drafter_is_refused(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ExportError, match="not a drafter folder: it has no config.json"):
@@ -291,8 +334,8 @@ def test_cli_exports_and_refuses(drafter_folder, tmp_path, capsys):
     assert set(tensor_layout(out / "model.safetensors").values()) == {"F32"}
     assert json.loads((out / "generation_config.json").read_text())["dflash_path"] == "expected"
     assert front_matter((out / "README.md").read_text())["base_model"] == "org/tiny-target"
-    with pytest.raises(SystemExit, match="dflash2-hf export: .*exists and is not empty; .*--overwrite"):
-        main(["export", str(drafter_folder), str(out)])
+    message = refusal(["export", str(drafter_folder), str(out)])
+    assert re.search("dflash2-hf export: .*exists and is not empty; .*--overwrite", message)
 
 
 def test_card_of_a_continued_drafter_lists_the_earlier_runs():

@@ -162,3 +162,45 @@ def test_bf16_on_a_cpu_without_bf16_instructions_warns_and_names_float32(monkeyp
     assert len(ours) == (0 if native else 1)
     if ours:
         assert "dtype=torch.float32: exact and faster on this CPU" in str(ours[0].message)
+
+
+def jittery_clock(seed: int):
+    """A device clock whose steps take anywhere from 0.1 ms to 1 s: a machine so noisy that choosing steps by the
+    clock would choose differently on every run."""
+    import random
+
+    draws, now = random.Random(seed), [0.0]
+
+    def seconds(device) -> float:
+        now[0] += draws.uniform(1e-4, 1.0)
+        return now[0]
+
+    return seconds
+
+
+def sampled_twice(target, drafter, monkeypatch) -> list[tuple[torch.Tensor, int]]:
+    """Two seeded sampled generations under two different jittery clocks: each one's tokens and plain steps."""
+    runs = []
+    for clock in (1, 2):
+        monkeypatch.setattr("dflash2_hf.generation.loop.device_seconds", jittery_clock(clock))
+        torch.manual_seed(7)
+        out = target.generate(PROMPT, max_new_tokens=40, do_sample=True, assistant_model=drafter,
+                              dflash_plain_fallback=True, return_dict_in_generate=True)
+        runs.append((out.sequences, out.dflash_stats.plain_steps))
+    return runs
+
+
+def test_a_seed_gives_the_same_sampled_text_whatever_the_clock_says(target, drafter, tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH2_HF_CACHE", str(tmp_path))
+    (first, first_plain), (second, second_plain) = sampled_twice(target, drafter, monkeypatch)
+    assert torch.equal(first, second) and first_plain == second_plain
+    assert list((tmp_path / "cycle-costs").glob("*.json")), "steps priced by the machine's cached cycle cost"
+
+
+def test_choosing_sampled_steps_by_the_clock_would_not_repeat_a_seed(target, drafter, tmp_path, monkeypatch):
+    """The control: the same runs with the guard timing steps (as greedy decoding does) give other text."""
+    from dflash2_hf.generation.loop import DFlashDecoder
+
+    monkeypatch.setattr(DFlashDecoder, "_guard_prices", lambda self, options: None)
+    (first, first_plain), (second, second_plain) = sampled_twice(target, drafter, monkeypatch)
+    assert first_plain != second_plain and not torch.equal(first, second)

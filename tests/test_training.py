@@ -3,9 +3,11 @@ survives truncated files."""
 
 import copy
 import json
+import re
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from conftest import new_drafter, tiny_drafter, tiny_drafter_config, tiny_target
 from dflash2_hf import DFlashDraftModel
@@ -19,7 +21,7 @@ from dflash2_hf.training.blocks import (
     selector_loss,
 )
 from dflash2_hf.training.data import iter_conversations, training_prompts
-from dflash2_hf.training.trainer import DrafterTrainer, TrainingConfig
+from dflash2_hf.training.trainer import DrafterTrainer, TrainingConfig, TrainingDiverged
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +86,58 @@ def test_resuming_after_a_stop_gives_the_same_state_as_an_unbroken_run(target, r
     assert resumed.step == 10
     for (name, a), (_, b) in zip(unbroken.unwrapped.state_dict().items(), resumed.unwrapped.state_dict().items()):
         assert torch.equal(a, b), name
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_for_the_newest_intact_one(target, records, tmp_path, one_thread):
+    unbroken = trainer(target, records, tmp_path / "unbroken", steps=10, checkpoint_every=1)
+    unbroken.train()
+    stopped = trainer(target, records, tmp_path / "stopped", steps=10, checkpoint_every=1)
+    save = stopped.save
+
+    def save_then_stop():
+        save()
+        if stopped.step == 7:
+            raise KeyboardInterrupt  # killed after its step-7 checkpoint (step 6's is kept beside it)
+
+    stopped.save = save_then_stop
+    with pytest.raises(KeyboardInterrupt):
+        stopped.train()
+    weights = tmp_path / "stopped" / "step-000007" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # cut short, as by a full disk
+    resumed = trainer(target, records, tmp_path / "stopped", steps=10, checkpoint_every=1)
+    with pytest.warns(UserWarning, match=r"Resuming from .*step-000006: the newer step-000007 \(.*\) cannot be read"):
+        resumed.train()
+    assert resumed.step == 10 and [h["step"] for h in resumed.history] == list(range(1, 11))
+    for (name, a), (_, b) in zip(unbroken.unwrapped.state_dict().items(), resumed.unwrapped.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_a_run_whose_checkpoints_are_all_damaged_is_refused_not_restarted_over_them(target, records, tmp_path):
+    trainer(target, records, tmp_path, steps=2, checkpoint_every=1).train()
+    for state in tmp_path.glob("step-*/state.json"):
+        state.write_text("{cut")
+    with pytest.raises(ValueError, match=r"No checkpoint in .* can be read: step-000002 \(.*\); step-000001"):
+        trainer(target, records, tmp_path, steps=4, checkpoint_every=1).train()
+
+
+def test_training_that_diverges_stops_naming_the_step_and_saves_nothing_from_it(target, records, tmp_path):
+    run = trainer(target, records, tmp_path, steps=8, checkpoint_every=2)
+    save = run.save
+
+    def save_then_raise_the_learning_rate():  # from step 3 on, as --lr 1e12 would
+        save()
+        run.scheduler.base_lrs = [1e12] * len(run.scheduler.base_lrs)
+
+    run.save = save_then_raise_the_learning_rate
+    with pytest.raises(TrainingDiverged) as diverged:
+        run.train()
+    kept = sorted(tmp_path.glob("step-*"))[-1]
+    assert re.fullmatch(rf"Training diverged at step {run.step}: (the loss is (nan|inf)|the weights hold NaN or Inf) "
+                        rf"\(learning rate 0.003\). Nothing was saved from it; the last checkpoint, {kept}, is "
+                        "finite. Train again with a lower --lr and a new --out.", str(diverged.value))
+    assert int(kept.name.removeprefix("step-")) < run.step
+    for checkpoint in sorted(tmp_path.glob("step-*")):
+        assert all(bool(torch.isfinite(t).all()) for t in load_file(checkpoint / "model.safetensors").values())
 
 
 def test_frozen_drafter_trains_only_the_selector(target, records, tmp_path):

@@ -17,6 +17,7 @@ from .checks import (
     PROMPT_SOURCES,
     check_bf16_cpu_options,
     check_decoding_sizes,
+    check_out_folder,
     check_target_argument,
     drafter_config,
     refuse_below,
@@ -69,21 +70,21 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 def check_bench_arguments(args: argparse.Namespace) -> None:
     """Refuse, in one line and before any model loads, every `dflash2-hf bench` argument that would otherwise fail
     after loading, measure nothing or add a method that repeats another."""
-    from ..measuring.evaluation import check_per_source
+    from ..measuring.evaluation import check_per_source, prompt_file_messages
 
     command = "dflash2-hf bench"
+    check_out_folder("bench", "--out", args.out)
     check_decoding_sizes(args, command, smallest_tree=1)
     refuse_below(command, "--per-source", args.per_source, 1)
     refuse_below(command, "--temperatures", args.temperatures, 0, " (0: greedy)")
     refuse_below(command, "--threads", args.threads, 1)
-    try:
-        check_per_source(args.prompts, args.per_source)
-    except ValueError as error:
-        raise SystemExit(f"dflash2-hf bench: {error}") from None
+    check_per_source(args.prompts, args.per_source)
     for source in args.prompts:
         if source not in PROMPT_SOURCES and not Path(source).is_file():
             raise SystemExit(f"dflash2-hf bench: --prompts {source}: neither {', '.join(PROMPT_SOURCES)} nor a "
                              "JSONL file.")
+        if source not in PROMPT_SOURCES:
+            prompt_file_messages(source, args.per_source)
     if args.lookup_tokens and not args.tree_nodes:
         raise SystemExit("dflash2-hf bench: --lookup-tokens adds a branch to token trees; give --tree-nodes too.")
     if args.lookup_ngrams and not args.lookup_tokens:

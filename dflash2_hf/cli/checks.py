@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import math
 from pathlib import Path
 
 import torch
@@ -36,6 +38,31 @@ def check_out_folder(command: str, flag: str, folder: str) -> None:
         check_writable_folder(folder)
     except ValueError as error:
         raise SystemExit(f"dflash2-hf {command}: {flag} {error}") from None
+
+
+def check_out_file(command: str, flag: str, file: str | None) -> None:
+    """Refuse, before anything loads, an output file (``None``: not asked for) the command could not write at the
+    end of its work: an existing folder, or a file whose folder is a file, lies under one, or cannot be made."""
+    from ..training.checkpoint import check_writable_folder
+
+    if file is None:
+        return
+    if Path(file).is_dir():
+        raise SystemExit(f"dflash2-hf {command}: {flag} {file} is a folder; name a file to write.")
+    try:
+        check_writable_folder(Path(file).parent)
+    except ValueError as error:
+        raise SystemExit(f"dflash2-hf {command}: {flag} {file}: its folder {error}") from None
+
+
+def write_json(file: str, record: dict) -> None:
+    """Write ``record`` to ``file`` (its folder made if missing) through a temporary file moved into place, so an
+    interrupted write never leaves a truncated file where an earlier one was."""
+    path = Path(file)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(record, indent=2))
+    partial.replace(path)
 
 
 def check_data_vocabulary(command: str, records: list[dict], target, folders: list[str]) -> None:
@@ -75,6 +102,21 @@ def refuse_below(command: str, flag: str, values: float | list[float] | None, mi
     for value in values if isinstance(values, list) else [values]:
         if not value >= minimum:
             raise SystemExit(f"{command}: {flag} must be >= {minimum}{meaning}, got {value}.")
+
+
+def check_finite_numbers(command: str, args: argparse.Namespace) -> None:
+    """Refuse, by rule for every option of every command, a number that is NaN or infinite (``float`` parses both):
+    no range check can hold it, and it would reach a model, a schedule or a manifest."""
+    for name, values in vars(args).items():
+        for value in values if isinstance(values, list) else [values]:
+            if isinstance(value, float) and not math.isfinite(value):
+                raise SystemExit(f"{command}: --{name.replace('_', '-')} must be a finite number, got {value}.")
+
+
+def check_minimums(command: str, args: argparse.Namespace, minimums: dict[str, int]) -> None:
+    """Refuse each option of ``minimums`` (flag -> its smallest value) below it, naming the first."""
+    for flag, minimum in minimums.items():
+        refuse_below(command, flag, getattr(args, flag.removeprefix("--").replace("-", "_")), minimum)
 
 
 def check_decoding_sizes(args: argparse.Namespace, command: str, smallest_tree: int) -> None:

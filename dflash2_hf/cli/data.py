@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from .checks import check_out_folder, check_target_argument, read_data, refuse_below
+from .checks import check_minimums, check_out_folder, check_target_argument, read_data, refuse_below
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -41,9 +41,9 @@ def make_data(args: argparse.Namespace) -> None:
     if args.code_prompts is not None and (args.chat_file or args.existing_responses):
         raise SystemExit("dflash2-hf data: --code-prompts makes its own prompts, which have no replies; it takes "
                          "neither --chat-file nor --existing-responses.")
-    for flag, value in (("--limit", args.limit), ("--batch-size", args.batch_size),
-                        ("--max-new-tokens", args.max_new_tokens)):
-        refuse_below("dflash2-hf data", flag, value, 1)
+    check_minimums("dflash2-hf data", args, {"--limit": 1, "--batch-size": 1, "--max-new-tokens": 1,
+                                             "--max-prompt-chars": 1})
+    refuse_below("dflash2-hf data", "--temperature", args.temperature, 0, " (0: answers greedily)")
     check_out_folder("data", "--out", args.out)
     for chat_file in args.chat_file or []:
         if not Path(chat_file).is_file():

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import torch
 
@@ -12,10 +10,12 @@ from ..modeling import DFlashDraftModel
 from .checks import (
     PATHS,
     check_decoding_sizes,
+    check_out_file,
     check_selector_paths,
     check_target_argument,
     drafter_config,
     refuse_below,
+    write_json,
 )
 
 
@@ -40,11 +40,10 @@ def check_evaluate_arguments(args: argparse.Namespace) -> None:
     """Refuse, in one line and before any model loads, every `dflash2-hf evaluate` argument that would otherwise
     fail after loading or measuring (an ``--out`` it cannot write), or measure nothing."""
     command = "dflash2-hf evaluate"
+    check_out_file("evaluate", "--out", args.out)
     check_decoding_sizes(args, command, smallest_tree=0)
     refuse_below(command, "--prompts", args.prompts, 1)
     refuse_below(command, "--temperatures", args.temperatures, 0, " (0: greedy)")
-    if args.out and (Path(args.out).is_dir() or not Path(args.out).parent.is_dir()):
-        raise SystemExit(f"dflash2-hf evaluate: --out {args.out}: name a file in an existing folder.")
     check_target_argument(command, "--target", args.target)
     config = drafter_config(command, "drafter", args.drafter, args.target)
     check_selector_paths(command, "--paths", args.paths, config)
@@ -69,4 +68,4 @@ def evaluate(args: argparse.Namespace) -> None:
         record = {"command": args.command_line, "target": args.target, "drafter": args.drafter, "dtype": args.dtype,
                   "max_new_tokens": args.max_new_tokens, "tree_nodes": args.tree_nodes,
                   "lookup_tokens": args.lookup_tokens, "results": as_records(results)}
-        Path(args.out).write_text(json.dumps(record, indent=2))
+        write_json(args.out, record)

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import torch
 
 from ..modeling import DFlashDraftModel
-from .checks import check_data_vocabulary, check_target_argument, drafter_config, read_data
+from .checks import (
+    check_data_vocabulary,
+    check_minimums,
+    check_out_file,
+    check_target_argument,
+    drafter_config,
+    read_data,
+    write_json,
+)
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -39,6 +45,8 @@ def heldout(args: argparse.Namespace) -> None:
     from ..presets import load_target
     from ..training.trainer import DrafterTrainer, TrainingConfig
 
+    check_out_file("heldout", "--out", args.out)
+    check_minimums("dflash2-hf heldout", args, {"--blocks": 1, "--batch-size": 1})
     records = [record for folder in read_data(args.data, "heldout") for record in folder]
     if not 0 < args.heldout_fraction < 1 or int(len(records) * args.heldout_fraction) == 0:
         raise SystemExit(f"--heldout-fraction {args.heldout_fraction} of {len(records)} records in {' '.join(args.data)} holds "
@@ -65,7 +73,6 @@ def heldout(args: argparse.Namespace) -> None:
         lift = value / acceptance["argmax"] - 1
         print(f"{path}: {value:.3f}" + (f" ({lift:+.1%} over argmax)" if path != "argmax" else ""))
     if args.out:
-        Path(args.out).write_text(json.dumps({"command": args.command_line, "target": args.target,
-                                              "drafter": args.drafter, "heldout_records": len(trainer.heldout),
-                                              "anchors": args.anchors,
-                                              "acceptance": acceptance}, indent=2))
+        write_json(args.out, {"command": args.command_line, "target": args.target, "drafter": args.drafter,
+                              "heldout_records": len(trainer.heldout), "anchors": args.anchors,
+                              "acceptance": acceptance})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import torch
@@ -10,11 +11,11 @@ import torch
 from ..modeling import DFlashConfig, DFlashDraftModel
 from .checks import (
     check_data_vocabulary,
+    check_minimums,
     check_out_folder,
     check_target_argument,
     drafter_config,
     read_data,
-    refuse_below,
 )
 
 
@@ -67,6 +68,20 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     fit.set_defaults(run=train)
 
 
+#: The smallest value of each whole-number `dflash2-hf train` option (the target bounds some further once it loads:
+#: --taps by its layers, --mask-token-id by its vocabulary).
+TRAIN_MINIMUMS = {"--steps": 1, "--batch-size": 1, "--blocks": 1, "--warmup": 0, "--checkpoint-every": 1,
+                  "--layers": 1, "--taps": 1, "--block-size": 2, "--selector-rank": 0, "--intermediate-size": 1,
+                  "--mask-token-id": 0, "--seed": 0, "--feature-cache-gb": 0}
+
+
+def check_train_numbers(args: argparse.Namespace) -> None:
+    """Refuse, before anything loads, every numeric `dflash2-hf train` option out of its range."""
+    check_minimums("dflash2-hf train", args, TRAIN_MINIMUMS)
+    if not args.lr > 0:
+        raise SystemExit(f"dflash2-hf train: --lr must be > 0, got {args.lr}.")
+
+
 def vocabulary_id(tokenizer, token: str) -> int:
     """The id of ``token`` as one entry of the tokenizer's vocabulary; a token it lacks is refused (tokenizers would
     silently map it to their unknown token)."""
@@ -96,6 +111,37 @@ def check_resumed_layout(saved_file: Path, asked: DFlashConfig, init_from: bool)
         raise SystemExit(f"dflash2-hf train: {saved_file.parent} holds checkpoints of another drafter layout: "
                          f"{'; '.join(differences)} (saved in {saved_file}). Resume with the saved values, or pass a "
                          "new --out to start fresh.")
+
+
+def check_export_keeps_the_start(args: argparse.Namespace) -> None:
+    """Refuse an export folder (``--export``, default ``OUT/drafter``) that is the ``--init-from`` drafter or holds
+    it: the trained drafter would be written over the one the run starts from."""
+    start = Path(args.init_from).resolve()
+    export = Path(args.export or Path(args.out) / "drafter").resolve()
+    if export == start or export in start.parents:
+        raise SystemExit(f"dflash2-hf train: the drafter is exported to {export}, which holds the --init-from drafter "
+                         "it starts from; pass another --export (or --out).")
+
+
+def check_resumed_schedule(out: Path, training) -> None:
+    """Refuse to resume a run whose newest checkpoint was trained on another learning-rate schedule (--lr,
+    --warmup): resuming restores the saved schedule, so the flags would be ignored silently."""
+    from ..training.checkpoint import latest_checkpoint
+
+    found = latest_checkpoint(out)
+    if found is None:
+        return
+    try:
+        saved = json.loads((found / "state.json").read_text())["extra"]["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # a damaged checkpoint: the trainer resumes from an intact one, or starts afresh, and says so
+    asked = {"learning_rate": ("--lr", training.learning_rate), "warmup_steps": ("--warmup", training.warmup_steps)}
+    differences = [f"{flag} {saved[field]} saved, {value} asked" for field, (flag, value) in asked.items()
+                   if field in saved and saved[field] != value]
+    if differences:
+        raise SystemExit(f"dflash2-hf train: {out} holds a run trained with another schedule: "
+                         f"{'; '.join(differences)} ({found.name}). Resume with the saved values, or pass a new --out "
+                         "to start fresh.")
 
 
 def training_settings(args: argparse.Namespace, records: list[dict]):
@@ -171,7 +217,7 @@ def train(args: argparse.Namespace) -> None:
     from ..presets import load_target
     from ..training.trainer import DrafterTrainer
 
-    refuse_below("dflash2-hf train", "--steps", args.steps, 1)
+    check_train_numbers(args)
     folders = read_data(args.data, "train")
     records = [record for folder in folders for record in folder]
     training = training_settings(args, records)
@@ -181,6 +227,8 @@ def train(args: argparse.Namespace) -> None:
     check_target_argument("dflash2-hf train", "--target", args.target)
     if args.init_from:
         drafter_config("dflash2-hf train", "--init-from", args.init_from, args.target)
+        check_export_keeps_the_start(args)
+    check_resumed_schedule(Path(args.out), training)
     target, tokenizer = load_target(args.target, dtype=torch.bfloat16)
     check_data_vocabulary("train", records, target, args.data)
     trainer = DrafterTrainer(starting_drafter(args, target, tokenizer), target, records, training)

@@ -31,10 +31,12 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import operator
 import os
 import platform
 import statistics
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -65,7 +67,9 @@ class CycleCost:
     verify_seconds: tuple[float, ...]
 
     def __post_init__(self):
-        if not self.verify_seconds or min(self.verify_seconds) <= 0 or self.fixed_seconds < 0:
+        times = (self.fixed_seconds, *self.verify_seconds)
+        if (not self.verify_seconds or not all(math.isfinite(t) for t in times) or min(self.verify_seconds) <= 0
+                or self.fixed_seconds < 0):
             raise ValueError("A cycle cost needs positive verify times for 1.. tokens and a non-negative fixed time; "
                              f"got fixed={self.fixed_seconds}, verify={self.verify_seconds}.")
 
@@ -107,8 +111,18 @@ class CycleCost:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, record: dict) -> CycleCost:
-        return cls(float(record["fixed_seconds"]), tuple(float(s) for s in record["verify_seconds"]))
+    def from_json(cls, record: object) -> CycleCost:
+        """The cost :meth:`to_json` wrote; anything of another shape (a cache file edited by hand, or written by
+        another version) is a ``ValueError``."""
+        fixed = record.get("fixed_seconds") if isinstance(record, dict) else None
+        verify = record.get("verify_seconds") if isinstance(record, dict) else None
+        if not isinstance(verify, list) or not all(_is_number(t) for t in (fixed, *verify)):
+            raise ValueError('a cycle cost is {"fixed_seconds": number, "verify_seconds": [number, ...]}')
+        return cls(float(fixed), tuple(float(t) for t in verify))
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def interpolate(measured: dict[int, float], up_to: int) -> tuple[float, ...]:
@@ -207,18 +221,39 @@ def cycle_cost_for(
     longest_forward: int | None = None,
 ) -> CycleCost:
     """The cycle cost of this target/drafter pair here, for forwards over up to ``longest_forward`` (default
-    ``block_size``) tokens: read from the cache folder, else measured (a few seconds) and stored there."""
+    ``block_size``) tokens: read from the cache folder, else measured (a few seconds) and stored there. A cache entry
+    of another shape is measured again and replaced; a cache folder that cannot be written leaves decoding to go on
+    with the measurement, and a warning."""
     longest = max(block_size, longest_forward or block_size)
     folder = Path(folder) if folder is not None else cost_cache_folder()
     path = folder / f"{_cost_key(target, drafter, block_size, longest)}.json"
-    if path.exists():
-        try:
-            return CycleCost.from_json(json.loads(path.read_text()))
-        except (ValueError, KeyError, TypeError):
-            pass  # an unreadable cache entry is measured again and overwritten
+    cached = _read_cost(path, longest)
+    if cached is not None:
+        return cached
     cost = measure_cycle_cost(target, drafter, block_size, longest_forward=longest)
-    folder.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(f".{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(cost.to_json(), indent=1))
-    temporary.replace(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(cost.to_json(), indent=1))
+        temporary.replace(path)
+    except OSError as error:
+        warnings.warn(f"dflash2-hf cannot keep the measured cycle cost in {folder} ({error}); decoding goes on, and "
+                      "each new process measures it again (a few seconds). Set DFLASH2_HF_CACHE to a writable folder.",
+                      stacklevel=2)
     return cost
+
+
+def _read_cost(path: Path, longest: int) -> CycleCost | None:
+    """The cost cached at ``path`` if there is one of the right shape covering forwards of ``longest`` tokens; else
+    ``None`` (with a warning when a file was there, since it is measured again and replaced)."""
+    try:
+        if not path.is_file():
+            return None
+        cost = CycleCost.from_json(json.loads(path.read_text()))
+        if len(cost.verify_seconds) < longest:
+            raise ValueError(f"it covers forwards of {len(cost.verify_seconds)} tokens, not {longest}")
+        return cost
+    except (OSError, ValueError) as error:
+        warnings.warn(f"dflash2-hf: the cached cycle cost {path} cannot be used ({error}); measuring it again.",
+                      stacklevel=3)
+        return None

@@ -16,9 +16,11 @@ bursts (an answer that starts copying its prompt), so a pause also ends early on
 in a row emitted the token the context lookup foresaw (a free guess: it reads the text only). On text where drafting
 never pays, the probes cost a few cycles per generation; on text where it pays, a plain step now and then.
 
-Speeds are wall-clock by default. Given a :class:`~dflash2_hf.cost.cycle_cost.CycleCost` (``dflash_plain_fallback=cost``)
-the guard prices each step by that cost model instead (a cycle: ``cost.cycle_seconds(verified tokens)``; a plain
-step: ``cost.verify_seconds[0]``), which makes its choices reproducible: what the tests inject.
+Speeds are wall-clock when decoding greedily (the output is the same whichever steps are taken). Given a
+:class:`~dflash2_hf.cost.cycle_cost.CycleCost` the guard prices each step by that cost model instead (a cycle:
+``cost.cycle_seconds(verified tokens)``; a plain step: ``cost.verify_seconds[0]``), which makes its choices
+reproducible: sampled decoding prices steps by the machine's measured, cached cycle cost, so a seed gives the same
+text from run to run, and tests inject one (``dflash_plain_fallback=cost``).
 
 Exactness is untouched: a plain step is exactly plain decoding's step (one-token target forward, the same logits
 processors and choice), and which kind of step comes next is decided from the past alone, before the step's own

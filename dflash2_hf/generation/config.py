@@ -41,8 +41,10 @@ class DraftOptions:
             more branch of the tree; 0: none.
         plain_fallback: decode plainly (one-token target steps) whenever drafting is measured slower than that,
             here and now, probing drafting again now and then (:class:`~dflash2_hf.cost.guard.DraftingGuard`); so the
-            call is never much slower than plain ``generate``. ``False`` drafts every cycle, whatever it costs; a
-            :class:`~dflash2_hf.cost.cycle_cost.CycleCost` prices the steps by that cost model instead of timing them.
+            call is never much slower than plain ``generate``. Greedy decoding times the steps; sampling prices them
+            by this machine's measured, cached cycle cost, so a seed gives the same text from run to run. ``False``
+            drafts every cycle, whatever it costs; a :class:`~dflash2_hf.cost.cycle_cost.CycleCost` prices the steps
+            by that cost model.
     """
 
     path: PathStrategy
@@ -87,7 +89,7 @@ class DraftOptions:
         adaptive_block, tree_nodes = _resolved_tree(config, adaptive_block, tree_nodes, block_size, top_k)
         lookup_tokens = _resolved_lookup(config, lookup_tokens, tree_nodes)
         _check_fits_context(tree_nodes, lookup_tokens, target)
-        return cls(path=path, block_size=block_size, top_k=top_k, record_drafts=bool(record_drafts),
+        return cls(path=path, block_size=block_size, top_k=top_k, record_drafts=_flag("record_drafts", record_drafts),
                    adaptive_block=adaptive_block, tree_nodes=tree_nodes, lookup_tokens=lookup_tokens,
                    plain_fallback=_resolved_fallback(config, plain_fallback))
 
@@ -116,13 +118,22 @@ def _resolved_block(config, block_size: int | None, top_k: int | None,
     block_size = _integer("block_size", _first_set(block_size, config.block_size))
     if not 2 <= block_size <= config.block_size:
         raise ValueError(f"block_size must be between 2 and the drafter's {config.block_size}, got {block_size}.")
+    source = _source("top_k", top_k, "selector_top_k")
     top_k = _integer("top_k", _first_set(top_k, config.selector_top_k))
     if top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}.")
+        raise ValueError(f"top_k must be >= 1, got {top_k} from {source}.")
     if vocab_size is not None and top_k > vocab_size:
         raise ValueError(f"top_k (candidates kept per drafted position) must be at most the vocabulary size, "
-                         f"{vocab_size}; got {top_k}. Lower dflash_top_k.")
+                         f"{vocab_size}; got {top_k} from {source}. Pass a smaller dflash_top_k.")
     return block_size, top_k
+
+
+def _source(option: str, call_value: object, config_field: str) -> str:
+    """Where a resolved option came from, for its error message: the call's ``dflash_<option>``, else the drafter
+    config's field (which the call can override)."""
+    if call_value is not None:
+        return f"dflash_{option}"
+    return f"the drafter config's {config_field}"
 
 
 def _resolved_tree(config, adaptive_block: object, tree_nodes: int | None, block_size: int,
@@ -138,14 +149,15 @@ def _resolved_tree(config, adaptive_block: object, tree_nodes: int | None, block
             callable(getattr(adaptive_block, method, None)) for method in ("verified_length", "worthwhile_size"))):
         raise ValueError("adaptive_block must be True, False or a CycleCost (an object with verified_length() and "
                          f"worthwhile_size()); got {adaptive_block!r}.")
+    source = _source("tree_nodes", tree_nodes, "default_tree_nodes")
     tree_nodes = _integer("tree_nodes", _first_set(tree_nodes, config.default_tree_nodes))
     if tree_nodes < 0:
-        raise ValueError(f"tree_nodes must be >= 0 (0: one path), got {tree_nodes}.")
+        raise ValueError(f"tree_nodes must be >= 0 (0: one path), got {tree_nodes} from {source}.")
     branches = sum(top_k**depth for depth in range(1, block_size))
     if tree_nodes > branches:
         raise ValueError(f"tree_nodes must be at most {branches}, the branches a lattice of {block_size - 1} "
-                         f"drafted positions by {top_k} candidates holds; got {tree_nodes}. Lower "
-                         "dflash_tree_nodes, or raise dflash_top_k or dflash_block_size.")
+                         f"drafted positions by {top_k} candidates holds; got {tree_nodes} from {source}. Pass a "
+                         "smaller dflash_tree_nodes, or a larger dflash_top_k or dflash_block_size.")
     return adaptive_block, tree_nodes
 
 
@@ -186,6 +198,15 @@ def _resolved_fallback(config, plain_fallback: object) -> object:
 
 def _first_set(*values):
     return next(value for value in values if value is not None)
+
+
+def _flag(name: str, value: object) -> bool:
+    """``value`` as a ``bool``: only ``True`` and ``False`` (Python, NumPy or a one-element torch bool) pass; a
+    string such as ``"no"``, or a number, is refused instead of being read by its truthiness."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_" or (
+            isinstance(value, torch.Tensor) and value.dtype is torch.bool and value.numel() == 1):
+        return bool(value)
+    raise ValueError(f"{name} must be True or False, got {value!r} ({type(value).__name__}).")
 
 
 def _integer(name: str, value: object) -> int:

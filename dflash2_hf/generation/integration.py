@@ -26,7 +26,7 @@ import warnings
 import torch
 import transformers
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteriaList
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer, StaticSlidingWindowLayer
 from transformers.generation.utils import GENERATION_MODES_MAPPING, GenerationMixin, GenerationMode
 
 from ..cpu.grouped_attention import grouped_attention
@@ -56,6 +56,9 @@ BF16_WITHOUT_HARDWARE = (
 )
 #: The cache layers whose rows DFlash decoding can crop and compact: transformers' dynamic full and sliding layers.
 CROPPABLE_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer)
+#: Static layers hold the same keys and values in buffers of a fixed length (for torch.compile); DFlash decoding
+#: fills a DynamicCache in their place, which attends alike.
+STATIC_LAYERS = (StaticLayer, StaticSlidingWindowLayer)
 
 
 def is_drafter(model) -> bool:
@@ -122,7 +125,7 @@ def decode(
         OPTION_KWARGS[name]: value for name, value in options.items()})
     with grouped_attention(target):  # verification forwards share the key/value heads instead of copying them
         decoder = DFlashDecoder(target, drafter, draft_options, generation_config, logits_processor,
-                                stopping_criteria, streamer, model_kwargs["cache"])
+                                stopping_criteria, streamer, decoding_cache(model_kwargs["cache"], target))
         sequence = decoder.run(input_ids)
     drafter.last_generation_stats = decoder.stats
     return decoder.output(sequence, input_ids.shape[1], bool(generation_config.return_dict_in_generate))
@@ -140,15 +143,28 @@ def check_request(target, drafter, input_ids: torch.Tensor, generation_config: G
                          "cached context and rolls back what was rejected; got use_cache=False (from the call or "
                          "the target's generation_config). Pass use_cache=True.")
     drafter.config.check_fits_target(target.config, target.get_output_embeddings().weight.shape[0])
+    check_finite_weights(drafter)
     if drafter.device != target.device:
         raise ValueError(f"The drafter is on {drafter.device} and the target on {target.device}; put both on one "
                          "device.")
     context_length = getattr(target.config.get_text_config(), "max_position_embeddings", None)
-    check_model_inputs(model_kwargs)
+    check_model_inputs(model_kwargs, input_ids, generation_config.pad_token_id)
     check_generation_arguments(generation_config, input_ids, context_length)
     check_cache(model_kwargs.get("cache"))
     if target.device.type == "cpu" and target.dtype == torch.bfloat16 and not native_bf16_matmuls():
         warnings.warn(BF16_WITHOUT_HARDWARE, stacklevel=5)
+
+
+def check_finite_weights(drafter) -> None:
+    """Refuse a drafter with NaN or Inf weights (a diverged training run, a bad cast): its drafts would be NaN
+    probabilities that no verifier can weigh."""
+    weights = [weight for weight in drafter.parameters() if weight.is_floating_point()]
+    if not weights or bool(torch.stack([torch.isfinite(weight).all() for weight in weights]).all()):
+        return
+    broken = [name for name, weight in drafter.named_parameters()
+              if weight.is_floating_point() and not bool(torch.isfinite(weight).all())]
+    raise ValueError(f"The drafter has NaN or Inf weights in {', '.join(broken[:4])}"
+                     f"{' and more' if len(broken) > 4 else ''}; load or train it again.")
 
 
 def check_decoding_mode(mode: GenerationMode, allowed: tuple[GenerationMode, ...]) -> None:
@@ -160,29 +176,81 @@ def check_decoding_mode(mode: GenerationMode, allowed: tuple[GenerationMode, ...
                          "drafter.")
 
 
-def check_model_inputs(model_kwargs: dict) -> None:
+def check_model_inputs(model_kwargs: dict, input_ids: torch.Tensor, pad_token_id: object = None) -> None:
     """Refuse model inputs that ``generate`` accepts but the DFlash decoder would misread: it prefills the target
     itself with the prompt's token ids, unpadded, into an empty cache."""
     if model_kwargs.get("inputs_embeds") is not None:
         raise ValueError("DFlash decoding needs input_ids: the drafter drafts from token ids and the target is "
                          "prefilled with them, so inputs_embeds is not supported (alone or next to input_ids). Pass "
                          "the prompt as input_ids.")
-    attention_mask = model_kwargs.get("attention_mask")
-    if attention_mask is not None and not bool(attention_mask.all()):
-        raise ValueError("DFlash decoding does not support padded prompts (attention_mask with zeros).")
+    check_attention_mask(model_kwargs.get("attention_mask"), input_ids, pad_token_id)
+    check_positions(model_kwargs.get("position_ids"), input_ids)
+
+
+def check_positions(position_ids: torch.Tensor | None, input_ids: torch.Tensor) -> None:
+    """The decoder places the prompt at positions ``0 .. n - 1``. ``generate`` derives ``position_ids`` from the
+    attention mask (then drops a mask of ones), so a mask of another length shows here; so do positions of the
+    user's own, which the decoder would otherwise ignore."""
+    if position_ids is None:
+        return
+    if tuple(position_ids.shape) != tuple(input_ids.shape):
+        raise ValueError(f"attention_mask (or position_ids) has shape {tuple(position_ids.shape)}; input_ids has "
+                         f"{tuple(input_ids.shape)}. Pass one mask value per prompt token, or no mask.")
+    if not torch.equal(position_ids[0].cpu(), torch.arange(input_ids.shape[1])):
+        raise ValueError("DFlash decoding places the prompt at positions 0 .. n-1; pass no position_ids (or "
+                         "those).")
+
+
+def check_attention_mask(attention_mask: torch.Tensor | None, input_ids: torch.Tensor, pad_token_id: object) -> None:
+    """Accept an attention mask that attends to every prompt token (the decoder attends to all of them); refuse one
+    of another shape (as the target's forward would), a padded prompt, or prompt tokens hidden because they equal
+    the pad token (what ``generate`` infers when no mask is passed and the pad token differs from EOS), naming why."""
+    if attention_mask is None:
+        return
+    if tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; input_ids has "
+                         f"{tuple(input_ids.shape)}. Pass one mask value per prompt token, or no mask.")
+    hidden = [int(i) for i in torch.nonzero(attention_mask[0] == 0).flatten()]
+    if not hidden:
+        return
+    if hidden == list(range(len(hidden))):
+        raise ValueError(f"The prompt is left-padded ({len(hidden)} masked tokens): DFlash decoding takes one prompt "
+                         "per call; pass it without padding.")
+    if all(int(input_ids[0, i]) == pad_token_id for i in hidden):
+        raise ValueError(f"Prompt tokens at positions {hidden[:8]} equal pad_token_id {pad_token_id}, which "
+                         "generate masks out when no attention_mask is passed and the pad token differs from "
+                         "eos_token_id. Pass attention_mask=torch.ones_like(input_ids) to attend to them, or set "
+                         "pad_token_id to a token the prompt lacks.")
+    raise ValueError(f"attention_mask hides prompt tokens at positions {hidden[:8]}; DFlash decoding attends to "
+                     "every prompt token: drop those tokens from the prompt, or pass no attention_mask.")
+
+
+def is_static(cache) -> bool:
+    """Whether every layer of ``cache`` is a static one, kept on the device (``cache_implementation="static"``, a
+    ``StaticCache``)."""
+    layers = getattr(cache, "layers", [])
+    return (bool(layers) and all(type(layer) in STATIC_LAYERS for layer in layers)
+            and not getattr(cache, "offloading", False))
+
+
+def decoding_cache(cache, target):
+    """The cache the decoder fills: the one ``generate`` built or was given, or, for an empty static cache, a new
+    ``DynamicCache`` (the same attention over the same keys, so the same tokens; verification's varying widths
+    would defeat a static cache's fixed shapes anyway)."""
+    return DynamicCache(config=target.config) if is_static(cache) else cache
 
 
 def check_cache(cache) -> None:
     """Accept only an empty cache DFlash decoding can roll back exactly: a ``DynamicCache`` (not offloaded) of full
-    or sliding-window dynamic layers, which ``generate`` builds by default. Any other cache is refused by rule,
-    naming it and what to pass instead."""
+    or sliding-window dynamic layers, which ``generate`` builds by default, or a static cache, in whose place a
+    ``DynamicCache`` is filled. Any other cache is refused by rule, naming it and what to pass instead."""
     name = type(cache).__name__
     layer_types = {type(layer) for layer in getattr(cache, "layers", [])}
     replicated = getattr(cache, "layer_class_to_replicate", None)
     croppable = (isinstance(cache, DynamicCache) and not getattr(cache, "offloading", False)
                  and all(kind in CROPPABLE_LAYERS for kind in layer_types)
                  and replicated in (None, *CROPPABLE_LAYERS))
-    if not croppable:
+    if not (croppable or is_static(cache)):
         kinds = ", ".join(sorted(kind.__name__ for kind in layer_types)) or "none yet"
         raise ValueError(f"DFlash decoding rolls rejected draft tokens back out of the target's cache, which a {name} "
                          f"(layers: {kinds}) cannot do exactly. Pass no cache and no cache_implementation (or "
@@ -208,6 +276,8 @@ def _uses_dflash(assistant_model, generation_config=None) -> bool:
 def _wrap_extract(original):
     @functools.wraps(original)
     def extract(self, custom_generate, kwargs, synced_gpus, assistant_model, streamer):
+        if custom_generate is not None:  # its own keyword arguments (dflash_* for ours) are passed on to it
+            return original(self, custom_generate, kwargs, synced_gpus, assistant_model, streamer)
         options = {name: kwargs.pop(name) for name in list(kwargs) if name in OPTION_KWARGS}
         mode_kwargs = original(self, custom_generate, kwargs, synced_gpus, assistant_model, streamer)
         if options and not is_drafter(assistant_model):

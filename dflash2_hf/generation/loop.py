@@ -64,6 +64,12 @@ class Step:
     verified: int
 
 
+def widest_forward(options: DraftOptions) -> int:
+    """The most tokens one target forward of this generation verifies: a whole block, or a tree and its copied
+    branch after the anchor."""
+    return max(options.block_size, options.tree_nodes + options.lookup_tokens + 1)
+
+
 class DFlashDecoder:
     """Runs one generation: prefill, then plain steps or drafted cycles until a stopping criterion fires."""
 
@@ -106,7 +112,7 @@ class DFlashDecoder:
         self.lookup_odds = LookupOdds()
         self.guard = None
         if options.plain_fallback is not False:
-            self.guard = DraftingGuard(prices=None if options.plain_fallback is True else options.plain_fallback)
+            self.guard = DraftingGuard(prices=self._guard_prices(options))
         # Steps without drafting may verify a copied branch alone, priced at the forward's cost with no draft.
         self.lookup_cost = None
         if self.guard is not None and options.lookup_tokens and isinstance(self.block_cutter, CycleCost):
@@ -116,7 +122,7 @@ class DFlashDecoder:
         """What decides how much of each drafted path (or tree) to verify: ``None`` verifies it whole."""
         if options.adaptive_block is False:
             return None
-        longest = max(options.block_size, options.tree_nodes + options.lookup_tokens + 1)  # the widest target forward
+        longest = widest_forward(options)
         if options.adaptive_block is True:
             return cycle_cost_for(self.target, self.drafter, options.block_size, longest_forward=longest)
         cost = options.adaptive_block
@@ -124,6 +130,19 @@ class DFlashDecoder:
             raise ValueError(f"The cycle cost covers verifying {len(cost.verify_seconds)} tokens; this generation "
                              f"verifies up to {longest}.")
         return cost
+
+    def _guard_prices(self, options: DraftOptions) -> CycleCost | None:
+        """What the guard prices steps by: the cost model given, else the wall clock when decoding greedily (the
+        output is the same whichever steps are taken), else this machine's measured, cached cycle cost. A sampled
+        step draws as many random numbers as its kind needs, so choosing steps by the clock would make the same seed
+        give other text from run to run; by the cached cost, it gives the same text."""
+        if options.plain_fallback is not True:
+            return options.plain_fallback
+        if not self.do_sample:
+            return None
+        if isinstance(self.block_cutter, CycleCost):
+            return self.block_cutter
+        return cycle_cost_for(self.target, self.drafter, options.block_size, longest_forward=widest_forward(options))
 
     def _forward(self, input_ids: torch.Tensor, **kwargs):
         return self.target(

@@ -215,14 +215,14 @@ class Benchmark:
         if prompts and self.warmup_tokens > 0:
             for method in tqdm(self.methods, desc="warm-up", unit="method"):
                 method.decode(self.target, prompts[0][1], self.warmup_tokens, temperatures[0], seed=self.seed)
-        progress = tqdm(total=len(prompts) * len(temperatures) * len(self.methods), desc="benchmark", unit="run")
-        for index, (benchmark, inputs) in enumerate(prompts):
-            for temperature in temperatures:
-                shift = index % len(self.methods)
-                for method in self.methods[shift:] + self.methods[:shift]:
-                    self.runs.append(self._one(method, inputs, index, benchmark, temperature))
-                    progress.update(1)
-        progress.close()
+        total = len(prompts) * len(temperatures) * len(self.methods)
+        with tqdm(total=total, desc="benchmark", unit="run") as progress:  # closed on an error too
+            for index, (benchmark, inputs) in enumerate(prompts):
+                for temperature in temperatures:
+                    shift = index % len(self.methods)
+                    for method in self.methods[shift:] + self.methods[:shift]:
+                        self.runs.append(self._one(method, inputs, index, benchmark, temperature))
+                        progress.update(1)
         return self.runs
 
 

@@ -46,13 +46,42 @@ def benchmark_prompts(tokenizer, sources: list[str], per_source: int) -> list[tu
             held_out = sharegpt_benchmark_prompts()  # never training data
             pairs += [(source, chat_inputs(tokenizer, source, p)) for p in held_out[-per_source:]]
         else:
-            for line in Path(source).read_text().splitlines()[:per_source]:
-                record = json.loads(line)
-                messages = record.get("messages") or [{"role": "user", "content": record["prompt"]}]
+            for messages in prompt_file_messages(source, per_source):
                 ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
                                                     return_dict=True)["input_ids"]
                 pairs.append((Path(source).stem, ids))
     return pairs
+
+
+def prompt_file_messages(source: str, per_source: int) -> list[list[dict]]:
+    """The chat messages of the first ``per_source`` prompts of a JSONL file, one ``{"prompt": "..."}`` or
+    ``{"messages": [{"role": ..., "content": ...}, ...]}`` per line; read and checked before any model loads, so
+    a file that is not that fails naming its line (``ValueError``)."""
+    try:
+        lines = [line for line in Path(source).read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"--prompts {source} cannot be read as text ({error}).") from None
+    if not lines:
+        raise ValueError(f"--prompts {source} holds no prompts (one JSON object per line).")
+    return [_line_messages(source, number, line) for number, line in enumerate(lines[:per_source], 1)]
+
+
+def _line_messages(source: str, number: int, line: str) -> list[dict]:
+    """One prompt file line as chat messages, or a ValueError naming the line and what it should hold."""
+    where = f"--prompts {source}, line {number}"
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{where} is not JSON ({error.msg}).") from None
+    if isinstance(record, dict) and isinstance(record.get("prompt"), str) and record["prompt"]:
+        return [{"role": "user", "content": record["prompt"]}]
+    messages = record.get("messages") if isinstance(record, dict) else None
+    if (isinstance(messages, list) and messages and all(
+            isinstance(message, dict) and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str) for message in messages)):
+        return messages
+    raise ValueError(f'{where} holds neither a non-empty "prompt" string nor a "messages" list of '
+                     '{"role": ..., "content": ...} objects.')
 
 
 @dataclass
@@ -83,25 +112,24 @@ def measure_acceptance(
     results = []
     benchmarks = {name: prompts[:prompts_per_benchmark] for name, prompts in evaluation_prompts().items()}
     total = sum(len(p) for p in benchmarks.values()) * len(paths) * len(temperatures)
-    progress = tqdm(total=total, desc="acceptance", unit="run")
-    for benchmark, prompts in benchmarks.items():
-        for temperature in temperatures:
-            for path in paths:
-                lengths: list[int] = []
-                verified: list[int] = []
-                torch.manual_seed(seed)
-                for prompt in prompts:
-                    sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
-                    output = target.generate(chat_inputs(tokenizer, benchmark, prompt), max_new_tokens=max_new_tokens,
-                                             assistant_model=drafter, dflash_path=path, return_dict_in_generate=True,
-                                             **sampling, **(dflash_kwargs or {}))
-                    lengths += output.dflash_stats.acceptance_lengths
-                    verified += output.dflash_stats.verified_lengths
-                    progress.update(1)
-                results.append(AcceptanceResult(benchmark, path, temperature, len(prompts), len(lengths), sum(lengths),
-                                                sum(lengths) / max(1, len(lengths)),
-                                                sum(verified) / max(1, len(verified))))
-    progress.close()
+    with tqdm(total=total, desc="acceptance", unit="run") as progress:  # closed on an error too
+        for benchmark, prompts in benchmarks.items():
+            for temperature in temperatures:
+                for path in paths:
+                    lengths: list[int] = []
+                    verified: list[int] = []
+                    torch.manual_seed(seed)
+                    for prompt in prompts:
+                        sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
+                        output = target.generate(chat_inputs(tokenizer, benchmark, prompt), max_new_tokens=max_new_tokens,
+                                                 assistant_model=drafter, dflash_path=path, return_dict_in_generate=True,
+                                                 **sampling, **(dflash_kwargs or {}))
+                        lengths += output.dflash_stats.acceptance_lengths
+                        verified += output.dflash_stats.verified_lengths
+                        progress.update(1)
+                    results.append(AcceptanceResult(benchmark, path, temperature, len(prompts), len(lengths), sum(lengths),
+                                                    sum(lengths) / max(1, len(lengths)),
+                                                    sum(verified) / max(1, len(verified))))
     return results
 
 

@@ -100,9 +100,14 @@ def _discard(checkpoint: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
+def checkpoints(folder: str | os.PathLike) -> list[Path]:
+    """The complete checkpoints under ``folder`` (each renamed into place whole), oldest first."""
+    return sorted(p for p in Path(folder).glob(f"{PREFIX}*") if (p / "state.json").exists())
+
+
 def latest_checkpoint(folder: str | os.PathLike) -> Path | None:
     """The newest complete checkpoint under ``folder``, or ``None``."""
-    found = sorted(p for p in Path(folder).glob(f"{PREFIX}*") if (p / "state.json").exists())
+    found = checkpoints(folder)
     return found[-1] if found else None
 
 

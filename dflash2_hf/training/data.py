@@ -256,14 +256,13 @@ class ResponseGenerator:
         self._check_manifest()
         done = self.done_count()
         self.tokenizer.padding_side = "left"
-        progress = tqdm(total=len(prompts), initial=done, desc="responses", unit="prompt")
-        for start in range(done, len(prompts), self.batch_size):
-            batch = prompts[start : start + self.batch_size]
-            records = self._answer(batch)
-            shard = self.folder / f"shard-{start:07d}.jsonl"
-            _write_atomically(shard, "".join(json.dumps(r) + "\n" for r in records))
-            progress.update(len(batch))
-        progress.close()
+        with tqdm(total=len(prompts), initial=done, desc="responses", unit="prompt") as progress:
+            for start in range(done, len(prompts), self.batch_size):
+                batch = prompts[start : start + self.batch_size]
+                records = self._answer(batch)
+                shard = self.folder / f"shard-{start:07d}.jsonl"
+                _write_atomically(shard, "".join(json.dumps(r) + "\n" for r in records))
+                progress.update(len(batch))
         return self.done_count()
 
     @property

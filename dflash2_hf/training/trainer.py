@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
+from safetensors import SafetensorError
 from tqdm.auto import tqdm
 
 from ..drafting.lattice import PathStrategy, build_lattice, score_lattice, select_path
@@ -42,8 +44,12 @@ from .blocks import (
     selector_loss,
     selector_positions,
 )
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
 from .setup import is_peft_model
+
+
+class TrainingDiverged(ValueError):
+    """The loss or the trained weights went NaN or infinite; the message names the step and the checkpoint kept."""
 
 
 @dataclass
@@ -391,13 +397,24 @@ class DrafterTrainer:
         return paths
 
     def resume(self) -> None:
-        """Continue from the newest checkpoint in ``output_dir``, if there is one."""
-        found = latest_checkpoint(self.output_dir)
-        if found is None:
+        """Continue from the newest intact checkpoint in ``output_dir``, if there is one. A newer one that cannot be
+        read (weights cut short by a full disk, a file edited) is skipped with a warning naming it; when none can be
+        read, the run is refused rather than started over on top of them."""
+        damaged = []
+        for found in reversed(checkpoints(self.output_dir)):
+            try:
+                state = load_checkpoint(found, self.unwrapped, self.optimizer, self.scheduler)
+            except (OSError, ValueError, KeyError, SafetensorError) as error:
+                damaged.append(f"{found.name} ({error})")
+                continue
+            if damaged:
+                warnings.warn(f"Resuming from {found}: the newer {'; '.join(damaged)} cannot be read.", stacklevel=2)
+            self.step = state["step"]
+            self.history = state["extra"].get("history", [])
             return
-        state = load_checkpoint(found, self.unwrapped, self.optimizer, self.scheduler)
-        self.step = state["step"]
-        self.history = state["extra"].get("history", [])
+        if damaged:
+            raise ValueError(f"No checkpoint in {self.output_dir} can be read: {'; '.join(damaged)}. Move them away "
+                             "to start afresh, or pass a new --out.")
 
     def save(self) -> None:
         if self.accelerator.is_main_process:
@@ -411,30 +428,55 @@ class DrafterTrainer:
         check_trainable(self.records, self.config.max_length)
         self.resume()
         self.drafter.train()
-        progress = tqdm(total=self.config.steps, initial=self.step, desc="training", unit="step",
-                        disable=not self.accelerator.is_main_process)
-        while self.step < self.config.steps:
-            started = time.perf_counter()
-            loss, metrics = self.losses(self.batch_for_step(self.step))
-            self.accelerator.backward(loss)
-            self.accelerator.clip_grad_norm_(self.drafter.parameters(), self.config.max_grad_norm)
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad()
-            self.step += 1
-            self.history.append({"step": self.step, "seconds": time.perf_counter() - started,
-                                 "lr": self.scheduler.get_last_lr()[0], **asdict(metrics)})
-            if self.heldout and (self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps):
-                acceptance = self.heldout_acceptance()
-                self.history[-1]["heldout_acceptance"] = acceptance.get(PathStrategy.ARGMAX.value, float("nan"))
-                if PathStrategy.GREEDY.value in acceptance:
-                    self.history[-1]["heldout_selector_acceptance"] = acceptance[PathStrategy.GREEDY.value]
-            progress.update(1)
-            progress.set_postfix(loss=f"{metrics.loss:.3f}", acc1=f"{metrics.accuracy_by_position[0]:.2f}")
-            if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps:
-                self.save()
-        progress.close()
+        with tqdm(total=self.config.steps, initial=self.step, desc="training", unit="step",
+                  disable=not self.accelerator.is_main_process) as progress:
+            while self.step < self.config.steps:
+                metrics = self.train_step()
+                checkpoint_due = self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps
+                if self.heldout and checkpoint_due:
+                    self.record_heldout_acceptance()
+                progress.update(1)
+                progress.set_postfix(loss=f"{metrics.loss:.3f}", acc1=f"{metrics.accuracy_by_position[0]:.2f}")
+                if checkpoint_due:
+                    self.save()
         return self.history
+
+    def train_step(self) -> StepMetrics:
+        """One optimizer step on the next batch, recorded in the history; a loss or weights gone non-finite stop
+        the run (:class:`TrainingDiverged`) before anything is saved from them."""
+        started = time.perf_counter()
+        loss, metrics = self.losses(self.batch_for_step(self.step))
+        self.accelerator.backward(loss)
+        self.accelerator.clip_grad_norm_(self.drafter.parameters(), self.config.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad()
+        self.step += 1
+        self.check_finite(metrics.loss)
+        self.history.append({"step": self.step, "seconds": time.perf_counter() - started,
+                             "lr": self.scheduler.get_last_lr()[0], **asdict(metrics)})
+        return metrics
+
+    def check_finite(self, loss: float) -> None:
+        """Stop at the step whose loss or trained weights are NaN or infinite, naming it and the last checkpoint
+        kept (all of them finite: each was checked when its step ran)."""
+        trained = [weight for weight in self.unwrapped.parameters() if weight.requires_grad]
+        weights_finite = not trained or bool(torch.stack([torch.isfinite(w).all() for w in trained]).all())
+        if math.isfinite(loss) and weights_finite:
+            return
+        what = f"the loss is {loss}" if not math.isfinite(loss) else "the weights hold NaN or Inf"
+        kept = latest_checkpoint(self.output_dir)
+        raise TrainingDiverged(
+            f"Training diverged at step {self.step}: {what} (learning rate {self.config.learning_rate}). Nothing was "
+            f"saved from it; {f'the last checkpoint, {kept}, is finite' if kept else 'no checkpoint was saved'}. "
+            "Train again with a lower --lr and a new --out.")
+
+    def record_heldout_acceptance(self) -> None:
+        """Add the held-out acceptance (argmax path, and the selector's walk when there is one) to the latest step."""
+        acceptance = self.heldout_acceptance()
+        self.history[-1]["heldout_acceptance"] = acceptance.get(PathStrategy.ARGMAX.value, float("nan"))
+        if PathStrategy.GREEDY.value in acceptance:
+            self.history[-1]["heldout_selector_acceptance"] = acceptance[PathStrategy.GREEDY.value]
 
     def finish(self) -> None:
         """Wait for every process, then close the process group: a process leaving with the group still open can
