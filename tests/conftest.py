@@ -130,6 +130,21 @@ def _deterministic_threads():
     yield
 
 
+def smollm2_tiny_target_folder(folder: Path, **overrides) -> str:
+    """A tiny random Llama with SmolLM2's vocabulary, special tokens and tokenizer (``overrides``: more config
+    fields), saved as a checkpoint folder the commands load like any other."""
+    from dflash2_hf.presets import SMOLLM2_135M
+
+    tokenizer = SMOLLM2_135M.load_tokenizer()
+    special = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+               "pad_token_id": tokenizer.pad_token_id}
+    model = tiny_target("llama", vocab_size=len(tokenizer), **special | overrides)
+    model.generation_config.update(**special)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
 @pytest.fixture
 def weightless_target(tmp_path) -> str:
     """A checkpoint folder with a config.json and no weights: a command that got as far as loading it would stop

@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import PUBLISHED, REFERENCE, refusal, tiny_drafter_config, tiny_target
+from conftest import PUBLISHED, REFERENCE, refusal, smollm2_tiny_target_folder, tiny_drafter_config
 from dflash2_hf import DFlash2DraftModel, DFlashDraftModel
 from dflash2_hf.cli import main
 from dflash2_hf.cli.generate import exact_bf16_tip, identity_verdict
@@ -51,15 +51,7 @@ def run(argv: list[str]) -> str:
 @pytest.fixture(scope="module")
 def target(tmp_path_factory) -> str:
     """A tiny random Llama with SmolLM2's vocabulary, special tokens and tokenizer, as a checkpoint folder."""
-    tokenizer = SMOLLM2_135M.load_tokenizer()
-    special = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
-               "pad_token_id": tokenizer.pad_token_id}
-    model = tiny_target("llama", vocab_size=len(tokenizer), num_hidden_layers=6, **special)
-    model.generation_config.update(**special)
-    folder = tmp_path_factory.mktemp("target")
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
+    return smollm2_tiny_target_folder(tmp_path_factory.mktemp("target"), num_hidden_layers=6)
 
 
 @pytest.fixture(scope="module")

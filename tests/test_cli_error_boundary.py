@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import refusal, tiny_drafter, tiny_target
+from conftest import refusal, smollm2_tiny_target_folder, tiny_drafter
 
 from dflash2_hf.cli import main
 from dflash2_hf.presets import SMOLLM2_135M
@@ -19,14 +19,7 @@ from dflash2_hf.presets import SMOLLM2_135M
 @pytest.fixture(scope="module")
 def target(tmp_path_factory) -> str:
     """A tiny random Llama with SmolLM2's vocabulary and tokenizer and a 64-token context, as a checkpoint folder."""
-    tokenizer = SMOLLM2_135M.load_tokenizer()
-    special = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
-               "pad_token_id": tokenizer.pad_token_id}
-    model = tiny_target("llama", vocab_size=len(tokenizer), max_position_embeddings=64, **special)
-    folder = tmp_path_factory.mktemp("target")
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
+    return smollm2_tiny_target_folder(tmp_path_factory.mktemp("target"), max_position_embeddings=64)
 
 
 def saved_drafter(folder: Path, vocab_size: int = len(SMOLLM2_135M.load_tokenizer()), **overrides) -> str:

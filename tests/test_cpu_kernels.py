@@ -314,3 +314,61 @@ def test_smollm2_decodes_plain_decodings_tokens_on_packed_float32_linears():
             assert torch.equal(target.generate(prompt, max_new_tokens=64, do_sample=False), plain)
             assert torch.equal(target.generate(prompt, max_new_tokens=64, do_sample=False, assistant_model=drafter),
                                plain)
+
+
+def packed_during_calls(target, drafter, calls: int = 1, **options) -> list[bool]:
+    """Whether the target's linears ran packed, at each target forward of ``calls`` drafted greedy generations."""
+    from dflash2_hf.cpu.kernels import linears_packed
+
+    seen = []
+    hook = target.register_forward_pre_hook(lambda module, args: seen.append(linears_packed(target)))
+    try:
+        for _ in range(calls):
+            out = target.generate(PROMPT, max_new_tokens=16, do_sample=False, assistant_model=drafter, **options)
+    finally:
+        hook.remove()
+    assert torch.equal(out, target.generate(PROMPT, max_new_tokens=16, do_sample=False)), "plain decoding's tokens"
+    return seen
+
+
+@needs_onednn_float32
+def test_a_float32_call_runs_on_packed_linears_and_gives_the_models_back_as_they_were():
+    from dflash2_hf.cpu.kernels import linears_packed
+
+    target, drafter = tiny_target("qwen3", seed=1), tiny_drafter("dflash2", seed=4)
+    seen = packed_during_calls(target, drafter)
+    assert seen and all(seen), "every target forward of the call ran packed"
+    assert not linears_packed(target) and not linears_packed(drafter), "outside the call the layers are their own"
+
+
+@needs_onednn_float32
+def test_packed_linears_can_be_switched_off_for_a_call():
+    target, drafter = tiny_target("qwen3", seed=1), tiny_drafter("dflash2", seed=4)
+    seen = packed_during_calls(target, drafter, dflash_packed_linears=False)
+    assert seen and not any(seen)
+
+
+@needs_onednn_float32
+def test_later_calls_reuse_the_packed_weights_and_they_go_with_the_models():
+    import gc
+
+    from dflash2_hf.cpu.kernels import PACKED_WEIGHTS
+
+    target, drafter = tiny_target("qwen3", seed=1), tiny_drafter("dflash2", seed=4)
+    layers = [m for model in (target, drafter) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    packed_during_calls(target, drafter)
+    first = {id(layer): id(PACKED_WEIGHTS[layer][1]) for layer in layers}
+    count = len(PACKED_WEIGHTS)
+    packed_during_calls(target, drafter, calls=3)
+    assert {id(layer): id(PACKED_WEIGHTS[layer][1]) for layer in layers} == first, "packed once, reused"
+    assert len(PACKED_WEIGHTS) == count, "no copy more however many calls"
+    del target, drafter, layers
+    gc.collect()
+    assert len(PACKED_WEIGHTS) == count - len(first), "dropped with the models"
+
+
+def test_packed_linears_takes_true_or_false_only():
+    target, drafter = tiny_target("qwen3", seed=1), tiny_drafter("dflash2", seed=4)
+    with pytest.raises(ValueError, match=r"packed_linears must be True or False, got 'no' \(str\)"):
+        target.generate(PROMPT, max_new_tokens=4, do_sample=False, assistant_model=drafter,
+                        dflash_packed_linears="no")

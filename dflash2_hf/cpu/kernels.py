@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import os
 import platform
+import weakref
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import cache, partial
 from pathlib import Path
@@ -201,6 +203,30 @@ def linears_packed(model: nn.Module) -> bool:
                for module in model.modules() if isinstance(module, nn.Linear))
 
 
+#: Every packed weight, by its layer: made once and reused by later :class:`PackedLinears` (and ``generate`` calls),
+#: remade when the weight changes (its version), dropped with the layer (a weak key; the value holds no reference
+#: to the layer), so a long-lived process holds one packed copy per layer however many calls it makes.
+PACKED_WEIGHTS: weakref.WeakKeyDictionary[nn.Linear, tuple[int, torch.Tensor]] = weakref.WeakKeyDictionary()
+
+
+def packed_for_the_call(target: nn.Module, drafter: nn.Module, wanted: bool) -> AbstractContextManager:
+    """What a ``generate`` call with a drafter runs under: every linear of both models on packed oneDNN weights
+    (:class:`PackedLinears`) where that is the faster exact setting (``wanted``, both models on the CPU in float32,
+    or in bf16 where packing changes no result, not packed already), else nothing. The layers get their own forward
+    back when the call ends, so the models compute outside it as they did."""
+    if not wanted or target.device.type != "cpu" or linears_packed(target) or linears_packed(drafter):
+        return nullcontext()
+    dtypes = {target.dtype, drafter.dtype}
+    if len(dtypes) != 1 or not dtypes <= set(PACKED_DTYPES) or not packed_linears_supported(target.dtype):
+        return nullcontext()
+    if target.dtype == torch.bfloat16 and not bf16_rows_independent():  # packed blocks would round otherwise
+        return nullcontext()
+    try:
+        return PackedLinears(target, drafter)
+    except ValueError:  # a layer of another dtype or device: the models run as they are
+        return nullcontext()
+
+
 class PackedLinears:
     """Every ``nn.Linear`` of the given models, switched between its own forward and one on a weight packed once
     (oneDNN's matmul, bf16 or float32).
@@ -230,14 +256,13 @@ class PackedLinears:
                              "AMX); this one has neither, so packing would change the results: leave the option off."
                              if self.dtype == torch.bfloat16 else
                              "packed float32 linears need PyTorch built with oneDNN (mkldnn); this build has none.")
-        self._packed: dict[nn.Linear, tuple[int, torch.Tensor]] = {}
 
     def _pack(self, module: nn.Linear) -> torch.Tensor:
         version = module.weight._version
-        cached = self._packed.get(module)
+        cached = PACKED_WEIGHTS.get(module)
         if cached is None or cached[0] != version:
             cached = (version, _onednn_pack(module.weight.detach()))
-            self._packed[module] = cached
+            PACKED_WEIGHTS[module] = cached
         return cached[1]
 
     def enable(self) -> PackedLinears:

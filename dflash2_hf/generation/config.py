@@ -45,6 +45,9 @@ class DraftOptions:
             by this machine's measured, cached cycle cost, so a seed gives the same text from run to run. ``False``
             drafts every cycle, whatever it costs; a :class:`~dflash2_hf.cost.cycle_cost.CycleCost` prices the steps
             by that cost model.
+        packed_linears: on a CPU, run both models' linears on oneDNN-packed weights for the call
+            (:func:`~dflash2_hf.cpu.kernels.packed_for_the_call`: float32, or bf16 where packing changes no result;
+            packed once, reused by later calls); ``False`` runs them as they are.
     """
 
     path: PathStrategy
@@ -55,6 +58,7 @@ class DraftOptions:
     tree_nodes: int = 0
     lookup_tokens: int = 0
     plain_fallback: object = False
+    packed_linears: bool = True
 
     @classmethod
     def for_drafter(
@@ -68,6 +72,7 @@ class DraftOptions:
         tree_nodes: int | None = None,
         lookup_tokens: int | None = None,
         plain_fallback: object = None,
+        packed_linears: bool | None = None,
         *,
         target: torch.nn.Module | None = None,
     ) -> DraftOptions:
@@ -91,7 +96,8 @@ class DraftOptions:
         _check_fits_context(tree_nodes, lookup_tokens, target)
         return cls(path=path, block_size=block_size, top_k=top_k, record_drafts=_flag("record_drafts", record_drafts),
                    adaptive_block=adaptive_block, tree_nodes=tree_nodes, lookup_tokens=lookup_tokens,
-                   plain_fallback=_resolved_fallback(config, plain_fallback))
+                   plain_fallback=_resolved_fallback(config, plain_fallback),
+                   packed_linears=_flag("packed_linears", _first_set(packed_linears, True)))
 
 
 def _vocabulary_size(config, target: torch.nn.Module | None) -> int:

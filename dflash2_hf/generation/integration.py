@@ -30,7 +30,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, St
 from transformers.generation.utils import GENERATION_MODES_MAPPING, GenerationMixin, GenerationMode
 
 from ..cpu.grouped_attention import grouped_attention
-from ..cpu.kernels import native_bf16_matmuls
+from ..cpu.kernels import bf16_rows_independent, native_bf16_matmuls, packed_for_the_call
 from ..modeling import DFlashDraftModel
 from .config import DraftOptions, check_generation_arguments
 from .loop import DFlashDecoder
@@ -47,12 +47,19 @@ OPTION_KWARGS = {
     "dflash_tree_nodes": "tree_nodes",
     "dflash_lookup_tokens": "lookup_tokens",
     "dflash_plain_fallback": "plain_fallback",
+    "dflash_packed_linears": "packed_linears",
 }
 BF16_WITHOUT_HARDWARE = (
     "This CPU has no bf16 matmul instructions (AVX512-BF16 or AMX), so a bf16 target verifies a drafted block at "
     "several times the cost of one token here, and plain bf16 decoding is slow too. Load the target and drafter with "
     "dtype=torch.float32: exact and faster on this CPU. (Decoding with the drafter falls back to plain steps wherever "
     "drafting does not pay.)"
+)
+BF16_BLOCKS_ROUND_UNLIKE_ROWS = (
+    "This CPU's bf16 matmuls round some values of a many-token block differently from the same token alone, so with "
+    "a drafter, greedy bf16 output may differ from plain bf16 decoding here (a verification forward holds many "
+    "tokens, plain decoding one). The exact choice, and the faster one here: load the target and drafter with "
+    "dtype=torch.float32 (their linears run on packed oneDNN weights during the call)."
 )
 #: The cache layers whose rows DFlash decoding can crop and compact: transformers' dynamic full and sliding layers.
 CROPPABLE_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer)
@@ -83,6 +90,7 @@ def custom_generate(
     dflash_tree_nodes: int | None = None,
     dflash_lookup_tokens: int | None = None,
     dflash_plain_fallback: object = None,
+    dflash_packed_linears: bool | None = None,
     **model_kwargs,
 ):
     """DFlash 2 decoding through transformers' public seam:
@@ -99,7 +107,8 @@ def custom_generate(
         "dflash_path": dflash_path, "dflash_block_size": dflash_block_size, "dflash_top_k": dflash_top_k,
         "dflash_record_drafts": dflash_record_drafts, "dflash_adaptive_block": dflash_adaptive_block,
         "dflash_tree_nodes": dflash_tree_nodes, "dflash_lookup_tokens": dflash_lookup_tokens,
-        "dflash_plain_fallback": dflash_plain_fallback}.items() if value is not None}
+        "dflash_plain_fallback": dflash_plain_fallback,
+        "dflash_packed_linears": dflash_packed_linears}.items() if value is not None}
     return decode(model, drafter, input_ids, logits_processor, stopping_criteria, generation_config,
                   model_kwargs=model_kwargs, options=options)
 
@@ -123,7 +132,8 @@ def decode(
     check_request(target, drafter, input_ids, generation_config, model_kwargs)
     draft_options = DraftOptions.for_drafter(drafter, target=target, **{
         OPTION_KWARGS[name]: value for name, value in options.items()})
-    with grouped_attention(target):  # verification forwards share the key/value heads instead of copying them
+    # verification forwards share the key/value heads instead of copying them; linears run on packed weights
+    with grouped_attention(target), packed_for_the_call(target, drafter, draft_options.packed_linears):
         decoder = DFlashDecoder(target, drafter, draft_options, generation_config, logits_processor,
                                 stopping_criteria, streamer, decoding_cache(model_kwargs["cache"], target))
         sequence = decoder.run(input_ids)
@@ -151,8 +161,19 @@ def check_request(target, drafter, input_ids: torch.Tensor, generation_config: G
     check_model_inputs(model_kwargs, input_ids, generation_config.pad_token_id)
     check_generation_arguments(generation_config, input_ids, context_length)
     check_cache(model_kwargs.get("cache"))
-    if target.device.type == "cpu" and target.dtype == torch.bfloat16 and not native_bf16_matmuls():
-        warnings.warn(BF16_WITHOUT_HARDWARE, stacklevel=5)
+    warn_of_inexact_bf16(target)
+
+
+def warn_of_inexact_bf16(target) -> None:
+    """Warn (once per process and reason) where a bf16 target on this CPU is neither fast nor exact with a drafter,
+    naming the exact, faster choice: no bf16 instructions (emulated, slow), or bf16 blocks rounded unlike single
+    rows (greedy output may differ from plain bf16 decoding)."""
+    if target.device.type != "cpu" or target.dtype != torch.bfloat16:
+        return
+    if not native_bf16_matmuls():
+        warnings.warn(BF16_WITHOUT_HARDWARE, stacklevel=6)
+    elif not bf16_rows_independent():
+        warnings.warn(BF16_BLOCKS_ROUND_UNLIKE_ROWS, stacklevel=6)
 
 
 def check_finite_weights(drafter) -> None:
