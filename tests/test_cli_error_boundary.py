@@ -99,6 +99,10 @@ MISTAKES = {
         lambda target, tmp: ["train", "--target", target, "--data", train_data(tmp / "data"), "--out",
                              str(tmp / "run"), "--steps", "1", "--init-from", saved_drafter(tmp / "d", vocab_size=1000)],
         "does not fit the target model: vocabulary: drafter 1000, target 49152."),
+    "train: more taps than the target has layers to read": (
+        lambda target, tmp: ["train", "--target", target, "--data", train_data(tmp / "data"), "--out",
+                             str(tmp / "run"), "--steps", "1", "--taps", "40"],
+        "--taps 40: the target's 4 layers give 1 distinct layers to read"),
     "heldout: a drafter tapping layers the target lacks": (
         lambda target, tmp: ["heldout", saved_drafter(tmp / "d", num_target_layers=12, target_layer_ids=[0, 11]),
                              "--target", target, "--data", train_data(tmp / "data"), "--heldout-fraction", "0.5"],

@@ -372,3 +372,13 @@ def test_packed_linears_takes_true_or_false_only():
     with pytest.raises(ValueError, match=r"packed_linears must be True or False, got 'no' \(str\)"):
         target.generate(PROMPT, max_new_tokens=4, do_sample=False, assistant_model=drafter,
                         dflash_packed_linears="no")
+
+
+@needs_onednn_float32
+def test_a_drafter_running_under_autocast_decodes_packed_as_it_does_unpacked():
+    # as accelerate prepares a model for bf16 mixed precision: its forward runs under autocast
+    target, drafter = tiny_target("qwen3", seed=1), tiny_drafter("dflash2", seed=4)
+    drafter.forward = torch.autocast("cpu", dtype=torch.bfloat16)(drafter.forward)
+    settings = dict(max_new_tokens=16, do_sample=False, assistant_model=drafter)
+    assert torch.equal(target.generate(PROMPT, **settings), target.generate(PROMPT, dflash_packed_linears=False,
+                                                                            **settings))

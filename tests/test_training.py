@@ -514,6 +514,14 @@ def test_export_records_budget_and_provenance_for_the_model_card(target, records
     assert DFlashDraftModel.from_pretrained(tmp_path / "drafter").dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("manifest", ['{"target": "tiny"}', "{cut", "[]", '{"do_sample": true}'])
+def test_a_manifest_that_does_not_say_how_the_data_was_made_is_described_as_such(tmp_path, manifest):
+    from dflash2_hf.training.data import describe_data
+
+    (tmp_path / "manifest.json").write_text(manifest)
+    assert describe_data(tmp_path, 4) == "4 responses (its manifest.json does not say how they were made)"
+
+
 def test_data_description_comes_from_the_manifest(tmp_path):
     from dflash2_hf.training.data import describe_data
 

@@ -190,16 +190,25 @@ def _onednn_linear(packed: torch.Tensor, bias: torch.Tensor | None, hidden: torc
     return torch.ops.mkldnn._linear_pointwise(hidden, packed, bias, "none", [], "")
 
 
+def _onednn_bf16_linear(layer: nn.Linear, packed: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """A bf16 linear on oneDNN's packed weight; an input of another dtype (autocast at work, e.g. a model prepared by
+    accelerate for mixed precision) goes through the layer's own forward."""
+    if hidden.dtype != torch.bfloat16:
+        return nn.functional.linear(hidden, layer.weight, layer.bias)
+    return _onednn_linear(packed, layer.bias, hidden)
+
+
 def _onednn_float32_linear(layer: nn.Linear, packed: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-    """A float32 linear on oneDNN's packed weight; one row goes through the layer's own forward (bit for bit)."""
-    if hidden.numel() <= hidden.shape[-1]:
+    """A float32 linear on oneDNN's packed weight; one row goes through the layer's own forward (bit for bit), and
+    so does an input of another dtype (autocast at work)."""
+    if hidden.numel() <= hidden.shape[-1] or hidden.dtype != torch.float32:
         return nn.functional.linear(hidden, layer.weight, layer.bias)
     return _onednn_linear(packed, layer.bias, hidden)
 
 
 def linears_packed(model: nn.Module) -> bool:
     """Whether the model's linear layers run on packed weights now (a :class:`PackedLinears` is enabled on it)."""
-    return any(getattr(vars(module).get("forward"), "func", None) in (_onednn_linear, _onednn_float32_linear)
+    return any(getattr(vars(module).get("forward"), "func", None) in (_onednn_bf16_linear, _onednn_float32_linear)
                for module in model.modules() if isinstance(module, nn.Linear))
 
 
@@ -269,8 +278,8 @@ class PackedLinears:
         """Run every layer on its packed weight (packing those not packed yet or changed since)."""
         for module in self.layers:
             packed = self._pack(module)
-            module.forward = (partial(_onednn_linear, packed, module.bias) if self.dtype == torch.bfloat16
-                              else partial(_onednn_float32_linear, module, packed))
+            kernel = _onednn_bf16_linear if self.dtype == torch.bfloat16 else _onednn_float32_linear
+            module.forward = partial(kernel, module, packed)
         return self
 
     def disable(self) -> None:

@@ -397,7 +397,15 @@ def describe_data(folder: str | os.PathLike, records: int) -> str:
     manifest = Path(folder) / "manifest.json"
     if not manifest.exists():
         return f"{records} responses (no manifest)"
-    settings = json.loads(manifest.read_text())
+    try:
+        settings = json.loads(manifest.read_text())
+        return _described(settings, records)
+    except (ValueError, KeyError, TypeError, AttributeError):  # a manifest edited by hand, or cut short
+        return f"{records} responses (its manifest.json does not say how they were made)"
+
+
+def _described(settings: dict, records: int) -> str:
+    """:func:`describe_data` from a manifest's settings (a ``KeyError`` where one is missing)."""
     if settings.get("responses") == "existing":
         return (f"{records} replies taken from the chat files as they are (not written by the target; up to "
                 f"{settings['max_new_tokens']} tokens, in the target's chat template; HumanEval and MT-Bench prompts "

@@ -33,6 +33,10 @@ def drafter_config_for(
     """
     text = target_config.get_text_config()
     dflash2 = selector_rank is not None
+    taps = spread_target_layer_ids(text.num_hidden_layers, num_taps)
+    if len(set(taps)) < num_taps:
+        raise ValueError(f"--taps {num_taps}: the target's {text.num_hidden_layers} layers give {len(set(taps))} "
+                         "distinct layers to read (from layer 1 to three before the end); ask for at most that many.")
     return DFlashConfig(
         vocab_size=text.vocab_size,
         hidden_size=text.hidden_size,
@@ -45,7 +49,7 @@ def drafter_config_for(
         rope_parameters=dict(text.rope_parameters),
         max_position_embeddings=text.max_position_embeddings,
         num_target_layers=text.num_hidden_layers,
-        target_layer_ids=spread_target_layer_ids(text.num_hidden_layers, num_taps),
+        target_layer_ids=taps,
         block_size=block_size,
         mask_token_id=mask_token_id,
         conv_kernel_size=2 if dflash2 else None,
