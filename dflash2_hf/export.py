@@ -9,6 +9,9 @@ The exported folder holds
   (``dflash_path``, ``dflash_block_size``). ``generate`` reads its defaults from the drafter config, not from this
   file, so a chosen path is also stored as the config's ``default_path_strategy`` and both files are derived from
   the same resolved :class:`~dflash2_hf.generation.config.DraftOptions`;
+* ``custom_generate/generate.py`` and ``custom_generate/requirements.txt``, so that transformers' own remote-code
+  generation runs DFlash 2 decoding with this drafter: ``target.generate(**inputs, custom_generate="<folder or repo
+  id>", trust_remote_code=True)`` (:mod:`dflash2_hf.generation.exported`; the requirements name this package);
 * ``README.md``, a model card: YAML metadata, usage, the training record (``training.json`` next to the drafter) and
   the measurements of a ``dflash2-hf bench`` report when one is given. Nothing is filled in that was not recorded.
 
@@ -33,6 +36,7 @@ import torch
 from huggingface_hub import ModelCardData
 from transformers import GenerationConfig
 
+from . import __version__
 from .generation.config import DraftOptions
 from .measuring.benchmark import markdown_table
 from .modeling import DFLASH_FIELDS, DFlashConfig, DFlashDraftModel
@@ -58,6 +62,17 @@ NO_MEASUREMENTS = (
     "No measurements are attached to this export: acceptance length and speedup have not been measured for it. "
     "Measure them with `dflash2-hf bench --drafter FOLDER` and export again with `--results BENCH/results.json`."
 )
+
+#: ``custom_generate/generate.py`` of an export: transformers loads it and calls its ``generate``.
+CUSTOM_GENERATE_SCRIPT = '''"""DFlash 2 decoding with the drafter of this folder or Hub repo, through transformers' remote-code generation:
+
+    out = target.generate(**inputs, custom_generate="<this folder or repo id>", trust_remote_code=True)
+
+Written by `dflash2-hf export`; the decoding is the dflash2-hf package's (see requirements.txt next to this file).
+"""
+
+from dflash2_hf.generation.exported import generate  # noqa: F401  (the function transformers calls)
+'''
 
 
 class ExportError(ValueError):
@@ -277,12 +292,21 @@ target's distribution.
 ## Usage
 
 ```python
-import dflash2_hf  # makes target.generate(assistant_model=drafter) run DFlash decoding
-drafter = dflash2_hf.DFlashDraftModel.from_pretrained("{name}")  # this folder, or its Hub repo id
+out = target.generate(**inputs, custom_generate="{name}", trust_remote_code=True, max_new_tokens=256)
+```
+
+`target` is {target} loaded with `AutoModelForCausalLM`; `"{name}"` is this folder or its Hub repo id.
+transformers runs `custom_generate/generate.py` of this folder, which decodes with this drafter through the
+`dflash2-hf` package (`pip install dflash2-hf`; transformers names it when it is missing). With the package
+imported, the drafter also works as an assistant model:
+
+```python
+import dflash2_hf
+drafter = dflash2_hf.DFlashDraftModel.from_pretrained("{name}")
 out = target.generate(**inputs, assistant_model=drafter, max_new_tokens=256)
 ```
 
-`target` is {target} loaded with `AutoModelForCausalLM`. By default `generate` drafts blocks of
+By default `generate` drafts blocks of
 {options.block_size} tokens and picks the `{options.path.value}` path through the candidate lattice
 (`generation_config.json`); pass `dflash_block_size=` or `dflash_path=` to `generate` to choose per call.
 {loading}
@@ -317,7 +341,15 @@ def write_folder(
     if published_layout:
         write_published_config(folder)
     GenerationConfig(dflash_path=options.path.value, dflash_block_size=options.block_size).save_pretrained(folder)
+    write_custom_generate(folder / "custom_generate")
     (folder / "README.md").write_text(card)
+
+
+def write_custom_generate(folder: Path) -> None:
+    """The ``custom_generate`` folder transformers loads for ``generate(custom_generate=<export>)``."""
+    folder.mkdir()
+    (folder / "generate.py").write_text(CUSTOM_GENERATE_SCRIPT)
+    (folder / "requirements.txt").write_text(f"dflash2-hf>={__version__}\n")
 
 
 def move_into_place(staging: Path, out: Path) -> None:

@@ -24,6 +24,7 @@ MODULES = [
     "generation.verification",
     "generation.stats",
     "generation.integration",
+    "generation.exported",
     "drafting.block",
     "drafting.lattice",
     "drafting.tree",

@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+from transformers.generation.utils import GenerationMixin
 
 from dflash2_hf import DFlashConfig, DFlashDraftModel
 from dflash2_hf.cost.cycle_cost import CycleCost
 from dflash2_hf.cpu.kernels import exact_bf16_supported, packed_linears_supported
+from dflash2_hf.generation import integration
 from dflash2_hf.measuring.exactness import randomize
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -87,6 +89,16 @@ def target() -> torch.nn.Module:
 def drafter() -> DFlashDraftModel:
     """A tiny random drafter for :func:`target`, built once per test module."""
     return tiny_drafter("dflash2", seed=4)
+
+
+@pytest.fixture
+def public_seam_only():
+    """The assistant route taken out: every GenerationMixin method as transformers defines it."""
+    integration.uninstall()
+    assert not any(getattr(GenerationMixin.__dict__.get(name), "__dflash2_hf__", False)
+                   for name in (*integration.PATCHED_METHODS, "generate"))
+    yield
+    integration.install()
 
 
 def steep_cost(widths: int) -> CycleCost:

@@ -13,11 +13,14 @@ import torch
 import yaml
 from safetensors import safe_open
 from safetensors.torch import save_file
+from transformers.dynamic_module_utils import check_python_requirements
 
-from conftest import PUBLISHED, refusal, tiny_drafter, tiny_target
+import dflash2_hf
+from conftest import PUBLISHED, TINY_VOCAB, refusal, tiny_drafter, tiny_target
 from dflash2_hf import DFlash2DraftModel, DFlashDraftModel
 from dflash2_hf.cli import main
 from dflash2_hf.export import NO_MEASUREMENTS, ExportError, export_drafter
+from dflash2_hf.generation import exported
 from dflash2_hf.measuring.benchmark import Run, markdown_table, summarize
 from dflash2_hf.modeling import configuration_dflash, modeling_dflash
 from dflash2_hf.training.trainer import TrainingConfig
@@ -98,7 +101,7 @@ def test_export_loads_back_identically_with_and_without_remote_code(drafter_fold
     out = export_drafter(drafter_folder, tmp_path / "hub")
     names = {path.name for path in out.iterdir()}
     assert names == {"config.json", "model.safetensors", "configuration_dflash.py", "modeling_dflash.py",
-                     "generation_config.json", "README.md"}
+                     "generation_config.json", "README.md", "custom_generate"}
     config = json.loads((out / "config.json").read_text())
     assert config["auto_map"] == {"AutoConfig": "configuration_dflash.DFlashConfig",
                                   "AutoModel": "modeling_dflash.DFlash2DraftModel"}
@@ -122,8 +125,9 @@ def test_card_has_metadata_usage_training_record_and_no_invented_figures(drafter
     card = (out / "README.md").read_text()
     assert front_matter(card) == {"base_model": "org/tiny-target", "library_name": "transformers",
                                   "license": "apache-2.0", "tags": ["speculative-decoding", "dflash", "dflash2"]}
-    usage = re.search(r"```python\n(.*?)```", card, re.DOTALL).group(1)
-    assert usage.count("\n") == 3 and 'DFlashDraftModel.from_pretrained("hub")' in usage
+    first, second = re.findall(r"```python\n(.*?)```", card, re.DOTALL)
+    assert first == 'out = target.generate(**inputs, custom_generate="hub", trust_remote_code=True, max_new_tokens=256)\n'
+    assert 'DFlashDraftModel.from_pretrained("hub")' in second and "assistant_model=drafter" in second
     assert "* Budget: steps 7, sequences 28, cpu_seconds 12.5" in card
     assert "`learning_rate=0.0006`" in card and "/home/me" not in card
     assert "* Data: not recorded" in card and "* Target: not recorded" in card
@@ -275,7 +279,7 @@ def test_non_empty_output_is_refused_unless_overwrite(drafter_folder, tmp_path):
 def test_overwrite_keeps_the_old_folder_until_the_new_one_is_in_place(drafter_folder, tmp_path, monkeypatch):
     out = tmp_path / "hub"
     export_drafter(drafter_folder, out)
-    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    before = {path.relative_to(out): path.read_bytes() for path in out.rglob("*") if path.is_file()}
     rename = Path.rename
 
     def stopped_moving_the_new_folder_in(self, target):
@@ -286,7 +290,8 @@ def test_overwrite_keeps_the_old_folder_until_the_new_one_is_in_place(drafter_fo
     monkeypatch.setattr(Path, "rename", stopped_moving_the_new_folder_in)
     with pytest.raises(OSError, match="stopped"):
         export_drafter(drafter_folder, out, overwrite=True, path="expected")
-    assert {path.name: path.read_bytes() for path in out.iterdir()} == before, "the old folder is back, whole"
+    after = {path.relative_to(out): path.read_bytes() for path in out.rglob("*") if path.is_file()}
+    assert after == before, "the old folder is back, whole"
     monkeypatch.undo()
     export_drafter(drafter_folder, out, overwrite=True, path="expected")
     assert json.loads((out / "generation_config.json").read_text())["dflash_path"] == "expected"
@@ -336,6 +341,73 @@ def test_cli_exports_and_refuses(drafter_folder, tmp_path, capsys):
     assert front_matter((out / "README.md").read_text())["base_model"] == "org/tiny-target"
     message = refusal(["export", str(drafter_folder), str(out)])
     assert re.search("dflash2-hf export: .*exists and is not empty; .*--overwrite", message)
+
+
+def greedy_prompt(seed: int = 3) -> dict[str, torch.Tensor]:
+    ids = torch.randint(0, TINY_VOCAB - 1, (1, 12), generator=torch.Generator().manual_seed(seed))
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": 24, "do_sample": False}
+
+
+@pytest.mark.parametrize("route", ["assistant route installed", "public seam only"])
+def test_an_exported_folder_decodes_through_transformers_custom_generate(drafter_folder, tmp_path, route, request):
+    """`generate(custom_generate=EXPORT, trust_remote_code=True)` with no drafter argument: transformers loads the
+    export's custom_generate/generate.py, which drafts with that folder's drafter, token-identical to plain greedy."""
+    if route == "public seam only":
+        request.getfixturevalue("public_seam_only")
+    out = export_drafter(drafter_folder, tmp_path / "hub")
+    target, prompt = tiny_target("qwen3", seed=1), greedy_prompt()
+    plain = target.generate(**prompt)
+    exported.LOADED_DRAFTERS.clear()
+    ours = target.generate(**prompt, custom_generate=str(out), trust_remote_code=True, return_dict_in_generate=True)
+    assert torch.equal(ours.sequences, plain)
+    assert ours.dflash_stats.cycles > 0 and ours.dflash_stats.verified_lengths[0] > 1, "the drafter drafted"
+    (drafter,) = exported.LOADED_DRAFTERS.values()
+    assert drafter.dtype == target.dtype and drafter.config.block_size == 8
+
+
+def test_an_exported_drafter_is_loaded_once_and_again_after_a_new_export(drafter_folder, tmp_path):
+    out, target, prompt = export_drafter(drafter_folder, tmp_path / "hub"), tiny_target("qwen3", seed=1), greedy_prompt()
+    exported.LOADED_DRAFTERS.clear()
+    for _ in range(2):
+        target.generate(**prompt, custom_generate=str(out), trust_remote_code=True)
+    assert len(exported.LOADED_DRAFTERS) == 1
+    export_drafter(drafter_folder, out, overwrite=True, dtype=torch.float32)
+    target.generate(**prompt, custom_generate=str(out), trust_remote_code=True)
+    assert [d.dtype for d in exported.LOADED_DRAFTERS.values()] == [torch.float32] * 2, "the new weights were loaded"
+
+
+def test_the_exported_generate_takes_another_drafter_by_folder(drafter_folder, tmp_path):
+    out, target, prompt = export_drafter(drafter_folder, tmp_path / "hub"), tiny_target("qwen3", seed=1), greedy_prompt()
+    other = tmp_path / "other"
+    tiny_drafter("dflash2", seed=9).save_pretrained(other)
+    exported.LOADED_DRAFTERS.clear()
+    ours = target.generate(**prompt, custom_generate=str(out), trust_remote_code=True, drafter=str(other))
+    assert torch.equal(ours, target.generate(**prompt))
+    assert [key[0] for key in exported.LOADED_DRAFTERS] == [str(other)]
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    ({"assistant_model": "a drafter"}, "brings its own drafter; pass drafter="),
+    ({"drafter": 3}, "drafter= takes a DFlash drafter, a folder or a Hub repo id; got int"),
+])
+def test_the_exported_generate_refuses_a_second_drafter_or_a_bad_one(drafter_folder, tmp_path, call, message):
+    out, target = export_drafter(drafter_folder, tmp_path / "hub"), tiny_target("qwen3", seed=1)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        target.generate(**greedy_prompt(), custom_generate=str(out), trust_remote_code=True, **call)
+
+
+def test_the_exported_generate_called_outside_generate_asks_for_the_drafter():
+    with pytest.raises(ValueError, match="Could not tell which folder or Hub repo custom_generate named"):
+        exported.generate(tiny_target("qwen3"), **greedy_prompt())
+
+
+def test_the_export_names_this_package_as_its_requirement(drafter_folder, tmp_path):
+    out = export_drafter(drafter_folder, tmp_path / "hub")
+    assert (out / "custom_generate" / "requirements.txt").read_text() == f"dflash2-hf>={dflash2_hf.__version__}\n"
+    check_python_requirements(out, requirements_file="custom_generate/requirements.txt")
+    (out / "custom_generate" / "requirements.txt").write_text("dflash2-hf>=999\n")
+    with pytest.raises(ImportError, match="dflash2-hf>=999"):
+        check_python_requirements(out, requirements_file="custom_generate/requirements.txt")
 
 
 def test_card_of_a_continued_drafter_lists_the_earlier_runs():

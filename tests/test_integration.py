@@ -118,16 +118,6 @@ def test_drafts_and_output_equal_the_reference_package_every_cycle(monkeypatch, 
     assert full == reference[: len(full)]
 
 
-@pytest.fixture
-def public_seam_only():
-    """The assistant route taken out: every GenerationMixin method as transformers defines it."""
-    integration.uninstall()
-    assert not any(getattr(GenerationMixin.__dict__.get(name), "__dflash2_hf__", False)
-                   for name in (*integration.PATCHED_METHODS, "generate"))
-    yield
-    integration.install()
-
-
 @pytest.mark.parametrize(("arch", "kind", "options"), [
     ("qwen3", "dflash2", {}),
     ("llama", "dflash", {}),

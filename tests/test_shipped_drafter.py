@@ -58,3 +58,22 @@ def test_the_lookup_branch_accepts_more_on_code_that_repeats_its_prompt_and_keep
         assert torch.equal(ours, plain)
         acceptance[lookup] = drafter.last_generation_stats.mean_acceptance_length
     assert acceptance[16] > acceptance[0], "the answer repeats the prompt's signature, which the lookup copies"
+
+
+def test_the_exported_shipped_drafter_decodes_through_transformers_custom_generate(tmp_path):
+    """A real export (`dflash2-hf export`) of the shipped drafter, used the way its model card says: no drafter
+    argument, transformers' remote-code generation, token-identical to plain greedy decoding, drafting right."""
+    out = tmp_path / "smollm2-135m-dflash2"
+    assert main(["export", str(default_drafter_folder("smollm2-135m")), str(out)]) == 0
+    target, tokenizer = SMOLLM2_135M.load_model(torch.float32), SMOLLM2_135M.load_tokenizer()
+    messages = [{"role": "user", "content": "Write a Python function that returns the sum of a list of numbers."}]
+    inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    plain = target.generate(**inputs, max_new_tokens=48, do_sample=False)
+    ours = target.generate(**inputs, custom_generate=str(out), trust_remote_code=True, max_new_tokens=48,
+                           do_sample=False, return_dict_in_generate=True)
+    assert torch.equal(ours.sequences, plain)
+    drafted = target.generate(**inputs, custom_generate=str(out), trust_remote_code=True, max_new_tokens=48,
+                              do_sample=False, return_dict_in_generate=True, dflash_tree_nodes=0,
+                              dflash_plain_fallback=False)  # one whole path every cycle, whatever this machine's speed
+    assert torch.equal(drafted.sequences, plain)
+    assert drafted.dflash_stats.mean_acceptance_length > 1.2, "the export's trained drafter drafted"

@@ -21,6 +21,7 @@ Both entries end in :func:`decode`, which checks the whole request once, before 
 from __future__ import annotations
 
 import functools
+import inspect
 import warnings
 
 import torch
@@ -354,6 +355,30 @@ def _wrap_generate_refusing_drafters(original, release: tuple[int, int]):
         return original(self, *args, **kwargs)
 
     return generate
+
+
+def assistant_route_installed() -> bool:
+    """Whether ``generate(assistant_model=<DFlash drafter>)`` runs DFlash decoding in this process."""
+    return getattr(GenerationMixin.__dict__.get("_assisted_decoding"), "__dflash2_hf__", False)
+
+
+def custom_generate_source() -> str | None:
+    """The folder or Hub repo id the running ``generate(custom_generate="...")`` call named, or None.
+
+    transformers hands the function it loads from ``custom_generate/generate.py`` the call's arguments but not the
+    repository they came from; it is read from the calling ``generate`` frame (the local ``custom_generate`` of
+    ``transformers.generation.utils``). Any other shape of the stack gives None, and the caller asks for ``drafter=``.
+    """
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            named = frame.f_locals.get("custom_generate") if frame.f_code.co_name == "generate" else None
+            if frame.f_globals.get("__name__") == "transformers.generation.utils" and isinstance(named, str):
+                return named
+            frame = frame.f_back
+        return None
+    finally:
+        del frame  # no reference cycle through the stack
 
 
 def install(release: tuple[int, int] | None = None) -> None:
