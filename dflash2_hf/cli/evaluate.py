@@ -17,22 +17,31 @@ from .checks import (
     refuse_below,
     write_json,
 )
+from .parsers import add_command
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register `dflash2-hf evaluate` and its options."""
-    check = commands.add_parser("evaluate", help="mean acceptance length on held-out HumanEval and MT-Bench prompts")
-    check.add_argument("drafter", help="drafter folder")
-    check.add_argument("--target", default="smollm2-135m")
-    check.add_argument("--paths", nargs="+", choices=PATHS, default=PATHS)
-    check.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
-    check.add_argument("--prompts", type=int, default=10, help="prompts per benchmark")
-    check.add_argument("--max-new-tokens", type=int, default=128)
-    check.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    check.add_argument("--tree-nodes", type=int, help="token tree size (0: one path; default: the drafter's)")
-    check.add_argument("--lookup-tokens", type=int,
-                       help="context-lookup branch added to each tree (0: none; default: the drafter's)")
-    check.add_argument("--out", help="write every figure and the command to this JSON file")
+    check = add_command(commands, "evaluate", "mean acceptance length on held-out HumanEval and MT-Bench prompts",
+                        "Decode held-out HumanEval and MT-Bench prompts with a drafter and print a table of its mean "
+                        "acceptance length per benchmark, temperature and path (speed is `bench`'s job); --out also "
+                        "writes every figure and the command as JSON.")
+    models = check.add_argument_group("models")
+    models.add_argument("drafter", help="drafter folder")
+    models.add_argument("--target", default="smollm2-135m", help="a preset name or a local checkpoint folder")
+    models.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="dtype of both models")
+    prompts = check.add_argument_group("prompts")
+    prompts.add_argument("--prompts", type=int, default=10, help="prompts per benchmark (>= 1)")
+    prompts.add_argument("--max-new-tokens", type=int, default=128, help="tokens per answer (>= 1)")
+    prompts.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0],
+                         help="sampling temperatures (>= 0; 0 decodes greedily)")
+    decoding = check.add_argument_group("decoding")
+    decoding.add_argument("--paths", nargs="+", choices=PATHS, default=PATHS, help="path strategies to evaluate")
+    decoding.add_argument("--tree-nodes", type=int, help="token tree size (>= 0; 0: one path; default: the drafter's)")
+    decoding.add_argument("--lookup-tokens", type=int,
+                          help="context-lookup branch added to each tree (>= 0; 0: none; default: the drafter's)")
+    check.add_argument_group("output").add_argument("--out", help="write every figure and the command to this JSON "
+                                                                   "file")
     check.set_defaults(run=evaluate)
 
 

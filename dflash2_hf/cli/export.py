@@ -8,24 +8,31 @@ from pathlib import Path
 import torch
 
 from .checks import PATHS, check_target_argument
+from .parsers import add_command
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register `dflash2-hf export` and its options."""
-    share = commands.add_parser("export", help="write a Hub-ready drafter folder with a model card")
-    share.add_argument("drafter", help="drafter folder (e.g. written by `dflash2-hf train`)")
-    share.add_argument("out", help="folder to write; refused when it exists and is not empty")
-    share.add_argument("--base-model", help="Hub id of the target (default: the target recorded in training.json)")
-    share.add_argument("--license", default="apache-2.0", help="license identifier for the model card")
-    share.add_argument("--results", help="results.json or results.md of `dflash2-hf bench` to put in the card")
-    share.add_argument("--path", choices=PATHS,
-                       help="path strategy generate uses by default (default: the drafter's own)")
-    share.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    share.add_argument("--published-layout", action="store_true",
-                       help="the published DFlash 2 config layout, without remote code")
-    share.add_argument("--target", help="the drafter's target (preset or checkpoint folder): a factorised selector "
-                                        "is published as codebooks computed from its input embeddings")
-    share.add_argument("--overwrite", action="store_true", help="replace OUT when it is not empty")
+    share = add_command(commands, "export", "write a Hub-ready drafter folder with a model card",
+                        "Write a Hub-ready copy of a drafter folder (weights, config, remote code, "
+                        "custom_generate/generate.py for transformers' remote-code generation, generation defaults "
+                        "and a model card) and print where it was written.")
+    folders = share.add_argument_group("folders")
+    folders.add_argument("drafter", help="drafter folder (e.g. written by `dflash2-hf train`)")
+    folders.add_argument("out", help="folder to write; refused when it exists and is not empty")
+    folders.add_argument("--overwrite", action="store_true", help="replace OUT when it is not empty")
+    weights = share.add_argument_group("weights and layout")
+    weights.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                         help="dtype of the exported weights")
+    weights.add_argument("--published-layout", action="store_true",
+                         help="the published DFlash 2 config layout, without remote code")
+    weights.add_argument("--target", help="the drafter's target (preset or checkpoint folder): a factorised selector "
+                                          "is published as codebooks computed from its input embeddings")
+    card = share.add_argument_group("model card and decoding defaults")
+    card.add_argument("--base-model", help="Hub id of the target (default: the target recorded in training.json)")
+    card.add_argument("--license", default="apache-2.0", help="license identifier for the model card")
+    card.add_argument("--results", help="results.json or results.md of `dflash2-hf bench` to put in the card")
+    card.add_argument("--path", choices=PATHS, help="path strategy generate uses by default (default: the drafter's own)")
     share.set_defaults(run=export)
 
 

@@ -27,39 +27,49 @@ from .checks import (
     drafter_config,
     refuse_below,
 )
+from .parsers import add_command
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register `dflash2-hf generate` and its options."""
-    run = commands.add_parser("generate", help="answer a prompt with the default drafter, report speed vs plain decoding")
+    run = add_command(commands, "generate", "answer a prompt with the default drafter, report speed vs plain decoding",
+                      "Answer one prompt with the target and a drafter: prints the setting chosen for this CPU, "
+                      "streams the answer, then decodes it again without the drafter and prints tokens/s, mean "
+                      "acceptance length, the speedup and whether both outputs are identical.")
     run.add_argument("prompt", nargs="?", help="the question (default: read stdin)")
-    run.add_argument("--target", default="smollm2-135m", help="a preset name or a local checkpoint folder")
-    run.add_argument("--drafter", help="drafter folder (default: the one shipped for the preset)")
-    run.add_argument("--path", choices=PATHS, help="path strategy")
-    run.add_argument("--max-new-tokens", type=int, default=128)
-    run.add_argument("--temperature", type=float, default=0.0, help="0 decodes greedily")
-    run.add_argument("--top-p", type=float, default=1.0)
-    run.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                     help="auto (default): this CPU's fastest exact setting (bf16 with packed linears and the "
-                          "float64 attention where the CPU has bf16 matmul instructions, else float32 with packed "
-                          "linears); float32: greedy output token-identical to plain decoding")
-    run.add_argument("--no-baseline", action="store_true", help="skip the plain-decoding comparison")
-    run.add_argument("--packed-linears", action="store_true",
-                     help="with --dtype bfloat16 or float32: pack every linear weight once (oneDNN; faster, ours "
-                          "and the baseline alike)")
-    run.add_argument("--exact-attention", action="store_true",
-                     help="with --dtype bfloat16: the target attends in float64 (slower), so greedy output is "
-                          "token-identical to plain decoding with that attention (ours and the baseline alike)")
-    run.add_argument("--tree-nodes", type=int,
-                     help="verify a token tree of up to this many drafted tokens in one target forward (0: one path; "
-                          "default: the drafter's, 8 for the shipped one)")
-    run.add_argument("--adaptive-block", action="store_true",
-                     help="verify each drafted path only as far as it pays on this machine (cost measured once, "
-                          "cached); with --tree-nodes, size each tree that way, up to that many nodes")
-    run.add_argument("--lookup-tokens", type=int,
-                     help="add a branch of up to this many tokens copied from the context to each token tree "
-                          "(0: none; default: the drafter's)")
+    models = run.add_argument_group("models and numerics")
+    models.add_argument("--target", default="smollm2-135m", help="a preset name or a local checkpoint folder")
+    models.add_argument("--drafter", help="drafter folder (default: the one shipped for the preset)")
+    models.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="auto (default): this CPU's fastest exact setting (bf16 with packed linears and the "
+                             "float64 attention where the CPU has bf16 matmul instructions, else float32 with packed "
+                             "linears); float32: greedy output token-identical to plain decoding")
+    models.add_argument("--packed-linears", action="store_true",
+                        help="with --dtype bfloat16 or float32: pack every linear weight once (oneDNN; faster, ours "
+                             "and the baseline alike)")
+    models.add_argument("--exact-attention", action="store_true",
+                        help="with --dtype bfloat16: the target attends in float64 (slower), so greedy output is "
+                             "token-identical to plain decoding with that attention (ours and the baseline alike)")
+    add_decoding_options(run.add_argument_group("decoding"))
+    run.add_argument_group("output").add_argument("--no-baseline", action="store_true",
+                                                  help="skip the plain-decoding comparison")
     run.set_defaults(run=generate)
+
+
+def add_decoding_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--path", choices=PATHS, help="path strategy (default: the drafter's)")
+    group.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate (>= 1)")
+    group.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (>= 0; 0 decodes greedily)")
+    group.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling share (0 < p <= 1)")
+    group.add_argument("--tree-nodes", type=int,
+                       help="verify a token tree of up to this many drafted tokens in one target forward (>= 0; 0: one "
+                            "path; default: the drafter's, 8 for the shipped one)")
+    group.add_argument("--adaptive-block", action="store_true",
+                       help="verify each drafted path only as far as it pays on this machine (cost measured once, "
+                            "cached); with --tree-nodes, size each tree that way, up to that many nodes")
+    group.add_argument("--lookup-tokens", type=int,
+                       help="add a branch of up to this many tokens copied from the context to each token tree "
+                            "(>= 0; 0: none; default: the drafter's)")
 
 
 def check_generate_arguments(args: argparse.Namespace) -> None:

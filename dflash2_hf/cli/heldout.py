@@ -16,24 +16,34 @@ from .checks import (
     read_data,
     write_json,
 )
+from .parsers import add_command
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register `dflash2-hf heldout` and its options."""
-    held = commands.add_parser("heldout", help="teacher-forced acceptance on a data folder's held-out records")
-    held.add_argument("drafter", help="drafter folder")
-    held.add_argument("--target", default="smollm2-135m")
-    held.add_argument("--data", required=True, nargs="+", help="folder(s) written by `dflash2-hf data`, as given to train")
-    held.add_argument("--heldout-fraction", type=float, default=0.05, help="the share train held out (its last records)")
-    held.add_argument("--anchors", choices=["random", "decoding"], default="random",
-                      help="blocks at random anchors (as training samples them) or where greedy decoding would start "
-                           "them (after each block's accepted tokens; the figure decoding shows; target and drafter "
-                           "in fp32)")
-    held.add_argument("--decoding-tokens", type=int, default=128, help="with --anchors decoding: answer tokens followed")
-    held.add_argument("--blocks", type=int, default=24, help="blocks sampled per sequence (--anchors random; with "
-                      "--anchors decoding, --blocks x --batch-size blocks go through each forward pass)")
-    held.add_argument("--batch-size", type=int, default=4)
-    held.add_argument("--out", help="write the figures and the command to this JSON file")
+    held = add_command(commands, "heldout", "teacher-forced acceptance on a data folder's held-out records",
+                       "Measure a drafter's teacher-forced acceptance on the held-out records of `dflash2-hf data` "
+                       "folders (the figure training records) and print it for the argmax path and the selector's "
+                       "walk, with the selector's lift; --out also writes the figures and the command as JSON.")
+    models = held.add_argument_group("models and data")
+    models.add_argument("drafter", help="drafter folder")
+    models.add_argument("--target", default="smollm2-135m", help="a preset name or a local checkpoint folder")
+    models.add_argument("--data", required=True, nargs="+",
+                        help="folder(s) written by `dflash2-hf data`, as given to train")
+    models.add_argument("--heldout-fraction", type=float, default=0.05,
+                        help="the share train held out, its last records (0 < f < 1)")
+    blocks = held.add_argument_group("blocks")
+    blocks.add_argument("--anchors", choices=["random", "decoding"], default="random",
+                        help="blocks at random anchors (as training samples them) or where greedy decoding would "
+                             "start them (after each block's accepted tokens; the figure decoding shows; target and "
+                             "drafter in fp32)")
+    blocks.add_argument("--decoding-tokens", type=int, default=128,
+                        help="with --anchors decoding: answer tokens followed (>= 1)")
+    blocks.add_argument("--blocks", type=int, default=24,
+                        help="blocks sampled per sequence (>= 1; --anchors random; with --anchors decoding, --blocks "
+                             "x --batch-size blocks go through each forward pass)")
+    blocks.add_argument("--batch-size", type=int, default=4, help="sequences per forward pass (>= 1)")
+    held.add_argument_group("output").add_argument("--out", help="write the figures and the command to this JSON file")
     held.set_defaults(run=heldout)
 
 

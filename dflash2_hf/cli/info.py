@@ -9,13 +9,15 @@ from pathlib import Path
 
 from ..modeling import DFlashDraftModel
 from .checks import drafter_config
+from .parsers import add_command
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register `dflash2-hf info`."""
-    describe = commands.add_parser("info", help="describe a drafter folder (config.json; the weights are read and "
-                                                "checked when it has any)")
-    describe.add_argument("folder")
+    describe = add_command(commands, "info", "describe a drafter folder",
+                           "Describe a drafter folder: prints its kind, layout, parameter counts and decoding defaults "
+                           "as JSON (the weights, when it has any, are read in full and checked first).")
+    describe.add_argument("folder", help="a drafter folder (config.json, and model.safetensors when trained)")
     describe.set_defaults(run=info)
 
 

@@ -17,55 +17,85 @@ from .checks import (
     drafter_config,
     read_data,
 )
+from .parsers import add_command
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    """Register `dflash2-hf train` and its options."""
-    fit = commands.add_parser("train", help="train a DFlash 2 drafter on responses made by `dflash2-hf data`")
-    fit.add_argument("--target", default="smollm2-135m")
-    fit.add_argument("--data", required=True, nargs="+",
-                     help="folder(s) written by `dflash2-hf data`, read in order (held-out records: the last ones)")
-    fit.add_argument("--out", required=True, help="run folder: checkpoints (resumed from), config, curves")
-    fit.add_argument("--export", help="where to save the trained drafter (default: OUT/drafter)")
-    fit.add_argument("--steps", type=int, default=1000)
-    fit.add_argument("--batch-size", type=int, default=4)
-    fit.add_argument("--blocks", type=int, default=16, help="blocks sampled per sequence")
-    fit.add_argument("--lr", type=float, default=6e-4)
-    fit.add_argument("--warmup", type=int, default=50)
-    fit.add_argument("--checkpoint-every", type=int, default=50)
-    fit.add_argument("--layers", type=int, default=2)
-    fit.add_argument("--taps", type=int, default=3, help="number of target layers read")
-    fit.add_argument("--block-size", type=int, default=16)
-    fit.add_argument("--selector-rank", type=int, default=64, help="0 trains a DFlash v1 drafter (no selector)")
-    fit.add_argument("--factorised-selector", action="store_true",
-                     help="a new selector (new drafter or --new-selector) derives its token codes from the target's input embeddings "
-                          "(3 x hidden x rank parameters instead of two vocabulary-sized codebooks)")
-    fit.add_argument("--intermediate-size", type=int)
-    fit.add_argument("--mask-token", default="<empty_output>", help="an existing token the target never emits")
-    fit.add_argument("--mask-token-id", type=int)
-    fit.add_argument("--heldout-fraction", type=float, default=0.05, help="records kept out for the acceptance curve")
-    fit.add_argument("--seed", type=int, default=0)
-    fit.add_argument("--feature-cache-gb", type=float, default=8.0,
-                     help="memory for the target features kept between steps; sequences past it are recomputed")
-    fit.add_argument("--init-from", metavar="DRAFTER",
-                     help="start from a trained drafter folder instead of the target's layers (continue training it; "
-                          "a DFlash v1 drafter gets a new selector of --selector-rank)")
-    fit.add_argument("--selector-only", action="store_true",
-                     help="freeze the drafter and train its candidate selector alone")
-    fit.add_argument("--new-selector", action="store_true",
-                     help="with --init-from: replace the drafter's selector by a fresh one of --selector-rank "
-                          "(--factorised-selector for a factorised one)")
-    fit.add_argument("--selector-gold", choices=("insert", "skip"), default="insert",
-                     help="where the right token is not among the drafter's top-K: put it into the candidates "
-                          "(insert, the published recipe) or leave the position out of the selector loss (skip: "
-                          "decoding only ever chooses among the top-K)")
-    fit.add_argument("--anchors", choices=("random", "decoding"), default="random",
-                     help="where blocks start: random answer positions, or (with --selector-only, on the target's "
-                          "greedy answers) where greedy decoding with the drafter's argmax path would start them")
-    fit.add_argument("--distill-weight", type=float, default=0.0,
-                     help="share of the drafter's loss taken from the target's whole next-token distribution at each "
-                          "drafted position (soft labels, 0-1) instead of its chosen token alone")
+    """Register `dflash2-hf train` and its options, in groups."""
+    fit = add_command(commands, "train", "train a DFlash 2 drafter on responses made by `dflash2-hf data`",
+                      "Train a DFlash 2 drafter on responses made by `dflash2-hf data`: writes checkpoints to --out "
+                      "(a stopped run resumes from the newest), shows the loss as it goes, saves the drafter to "
+                      "--export and prints where.")
+    add_run_options(fit.add_argument_group("data and output"))
+    add_schedule_options(fit.add_argument_group("schedule"))
+    add_layout_options(fit.add_argument_group("drafter layout (a new drafter)"))
+    add_continuing_options(fit.add_argument_group("continuing a trained drafter"))
+    add_loss_options(fit.add_argument_group("loss"))
     fit.set_defaults(run=train)
+
+
+def add_run_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--target", default="smollm2-135m", help="a preset name or a local checkpoint folder")
+    group.add_argument("--data", required=True, nargs="+",
+                       help="folder(s) written by `dflash2-hf data`, read in order (held-out records: the last ones)")
+    group.add_argument("--out", required=True, help="run folder: checkpoints (resumed from), config, curves")
+    group.add_argument("--export", help="where to save the trained drafter (default: OUT/drafter)")
+    group.add_argument("--heldout-fraction", type=float, default=0.05,
+                       help="share of records kept out for the acceptance curve (0 <= f < 1)")
+    group.add_argument("--seed", type=int, default=0, help="seed of the drafter's initialisation and sampling (>= 0)")
+
+
+def add_schedule_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--steps", type=int, default=1000, help="optimizer steps (>= 1)")
+    group.add_argument("--batch-size", type=int, default=4, help="sequences per step (>= 1)")
+    group.add_argument("--blocks", type=int, default=16, help="blocks sampled per sequence (>= 1)")
+    group.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (> 0)")
+    group.add_argument("--warmup", type=int, default=50, help="steps of linear warm-up (>= 0)")
+    group.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints (>= 1)")
+    group.add_argument("--feature-cache-gb", type=float, default=8.0,
+                       help="memory for the target features kept between steps; sequences past it are recomputed "
+                            "(>= 0)")
+
+
+def add_layout_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--layers", type=int, default=2, help="drafter layers (>= 1)")
+    group.add_argument("--taps", type=int, default=3,
+                       help="number of target layers read (>= 1, at most the target's layers)")
+    group.add_argument("--block-size", type=int, default=16, help="tokens drafted per block (>= 2)")
+    group.add_argument("--selector-rank", type=int, default=64,
+                       help="rank of the candidate selector (>= 0; 0 trains a DFlash v1 drafter, no selector)")
+    group.add_argument("--factorised-selector", action="store_true",
+                       help="a new selector (new drafter or --new-selector) derives its token codes from the target's "
+                            "input embeddings (3 x hidden x rank parameters instead of two vocabulary-sized "
+                            "codebooks)")
+    group.add_argument("--intermediate-size", type=int, help="MLP width (>= 1; default: the target's)")
+    group.add_argument("--mask-token", default="<empty_output>", help="an existing token the target never emits")
+    group.add_argument("--mask-token-id", type=int,
+                       help="the mask token by id instead (>= 0, below the target's vocabulary)")
+
+
+def add_continuing_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--init-from", metavar="DRAFTER",
+                       help="start from a trained drafter folder instead of the target's layers (continue training "
+                            "it; a DFlash v1 drafter gets a new selector of --selector-rank)")
+    group.add_argument("--selector-only", action="store_true",
+                       help="freeze the drafter and train its candidate selector alone")
+    group.add_argument("--new-selector", action="store_true",
+                       help="with --init-from: replace the drafter's selector by a fresh one of --selector-rank "
+                            "(--factorised-selector for a factorised one)")
+
+
+def add_loss_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--selector-gold", choices=("insert", "skip"), default="insert",
+                       help="where the right token is not among the drafter's top-K: put it into the candidates "
+                            "(insert, the published recipe) or leave the position out of the selector loss (skip: "
+                            "decoding only ever chooses among the top-K)")
+    group.add_argument("--anchors", choices=("random", "decoding"), default="random",
+                       help="where blocks start: random answer positions, or (with --selector-only, on the target's "
+                            "greedy answers) where greedy decoding with the drafter's argmax path would start them")
+    group.add_argument("--distill-weight", type=float, default=0.0,
+                       help="share of the drafter's loss taken from the target's whole next-token distribution at "
+                            "each drafted position (soft labels, 0-1) instead of its chosen token alone")
 
 
 #: The smallest value of each whole-number `dflash2-hf train` option (the target bounds some further once it loads:
