@@ -22,7 +22,7 @@ from .checks import (
     drafter_config,
     refuse_below,
 )
-from .parsers import add_command
+from .parsers import add_command, add_cpu_kernel_options, add_target
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -34,7 +34,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                           "same run) and acceptance per method and temperature, and writes results.json, "
                           "results.md and plots to --out.")
     models = measure.add_argument_group("models")
-    models.add_argument("--target", default="smollm2-135m", help="a preset name or a local checkpoint folder")
+    add_target(models)
     models.add_argument("--drafter", help="drafter folder (default: the one shipped for the preset)")
     models.add_argument("--assistant", help="a small draft LM (preset or folder) for classic assisted generation")
     models.add_argument("--no-drafter", action="store_true",
@@ -76,12 +76,8 @@ def add_method_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--lookup-ngrams", nargs="+", type=int, metavar="M",
                        help="with --lookup-tokens, run each lookup branch once per longest matched suffix of M "
                             "tokens (max_matching_ngram_size; default: one run at 8)")
-    group.add_argument("--packed-linears", action="store_true",
-                       help="also run every method with its linear weights packed once (oneDNN, bf16 or "
-                            "float32; names end in 'packed')")
-    group.add_argument("--exact-attention", action="store_true",
-                       help="with --dtype bfloat16: the target attends in float64 in every method, plain included "
-                            "(greedy bf16 output then identical to plain decoding)")
+    add_cpu_kernel_options(group, "a packed twin of every method, its name ending in 'packed'; attention: every "
+                                  "method, plain included")
 
 
 def check_bench_arguments(args: argparse.Namespace) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from .checks import check_minimums, check_out_folder, check_target_argument, read_data, refuse_below
-from .parsers import add_command
+from .parsers import add_command, add_target
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -18,7 +18,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                        "response shards and a manifest to --out (a stopped run resumes there), shows progress, and "
                        "prints how many prompts were answered.")
     models = make.add_argument_group("target and output")
-    models.add_argument("--target", default="smollm2-135m", help="a preset name or a local checkpoint folder")
+    add_target(models)
     models.add_argument("--out", required=True, help="folder for the response shards and manifest")
     prompts = make.add_argument_group("prompts")
     prompts.add_argument("--chat-file", action="append",

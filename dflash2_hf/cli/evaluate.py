@@ -17,7 +17,7 @@ from .checks import (
     refuse_below,
     write_json,
 )
-from .parsers import add_command
+from .parsers import add_command, add_drafter_and_target
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -27,8 +27,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                         "acceptance length per benchmark, temperature and path (speed is `bench`'s job); --out also "
                         "writes every figure and the command as JSON.")
     models = check.add_argument_group("models")
-    models.add_argument("drafter", help="drafter folder")
-    models.add_argument("--target", default="smollm2-135m", help="a preset name or a local checkpoint folder")
+    add_drafter_and_target(models)
     models.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="dtype of both models")
     prompts = check.add_argument_group("prompts")
     prompts.add_argument("--prompts", type=int, default=10, help="prompts per benchmark (>= 1)")

@@ -27,7 +27,7 @@ from .checks import (
     drafter_config,
     refuse_below,
 )
-from .parsers import add_command
+from .parsers import add_command, add_cpu_kernel_options, add_target
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -38,18 +38,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                       "acceptance length, the speedup and whether both outputs are identical.")
     run.add_argument("prompt", nargs="?", help="the question (default: read stdin)")
     models = run.add_argument_group("models and numerics")
-    models.add_argument("--target", default="smollm2-135m", help="a preset name or a local checkpoint folder")
+    add_target(models)
     models.add_argument("--drafter", help="drafter folder (default: the one shipped for the preset)")
     models.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                         help="auto (default): this CPU's fastest exact setting (bf16 with packed linears and the "
                              "float64 attention where the CPU has bf16 matmul instructions, else float32 with packed "
                              "linears); float32: greedy output token-identical to plain decoding")
-    models.add_argument("--packed-linears", action="store_true",
-                        help="with --dtype bfloat16 or float32: pack every linear weight once (oneDNN; faster, ours "
-                             "and the baseline alike)")
-    models.add_argument("--exact-attention", action="store_true",
-                        help="with --dtype bfloat16: the target attends in float64 (slower), so greedy output is "
-                             "token-identical to plain decoding with that attention (ours and the baseline alike)")
+    add_cpu_kernel_options(models, "ours and the baseline alike")
     add_decoding_options(run.add_argument_group("decoding"))
     run.add_argument_group("output").add_argument("--no-baseline", action="store_true",
                                                   help="skip the plain-decoding comparison")

@@ -16,7 +16,7 @@ from .checks import (
     read_data,
     write_json,
 )
-from .parsers import add_command
+from .parsers import add_command, add_drafter_and_target
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -26,8 +26,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                        "folders (the figure training records) and print it for the argmax path and the selector's "
                        "walk, with the selector's lift; --out also writes the figures and the command as JSON.")
     models = held.add_argument_group("models and data")
-    models.add_argument("drafter", help="drafter folder")
-    models.add_argument("--target", default="smollm2-135m", help="a preset name or a local checkpoint folder")
+    add_drafter_and_target(models)
     models.add_argument("--data", required=True, nargs="+",
                         help="folder(s) written by `dflash2-hf data`, as given to train")
     models.add_argument("--heldout-fraction", type=float, default=0.05,

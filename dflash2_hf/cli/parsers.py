@@ -23,3 +23,23 @@ def add_command(commands: argparse._SubParsersAction, name: str, summary: str,
     """A subcommand: ``summary`` is its line in ``dflash2-hf --help``, ``description`` the line its own ``--help``
     starts with (what it does and what it prints or writes)."""
     return commands.add_parser(name, help=summary, description=description, formatter_class=DefaultsFormatter)
+
+
+def add_target(group: argparse._ArgumentGroup) -> None:
+    """``--target``, as every command that loads a target takes it."""
+    group.add_argument("--target", default="smollm2-135m", help="a preset name or a local checkpoint folder")
+
+
+def add_drafter_and_target(group: argparse._ArgumentGroup) -> None:
+    """The drafter folder to measure (first argument) and its ``--target``."""
+    group.add_argument("drafter", help="drafter folder")
+    add_target(group)
+
+
+def add_cpu_kernel_options(group: argparse._ArgumentGroup, applies_to: str) -> None:
+    """``--packed-linears`` and ``--exact-attention``, applied to ``applies_to`` (the methods a command runs)."""
+    group.add_argument("--packed-linears", action="store_true",
+                       help=f"pack every linear weight once (oneDNN, bf16 or float32; {applies_to})")
+    group.add_argument("--exact-attention", action="store_true",
+                       help="with --dtype bfloat16: the target attends in float64 (slower), so greedy bf16 output "
+                            f"is token-identical to plain decoding with that attention ({applies_to})")

@@ -17,7 +17,7 @@ from .checks import (
     drafter_config,
     read_data,
 )
-from .parsers import add_command
+from .parsers import add_command, add_target
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -35,7 +35,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def add_run_options(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--target", default="smollm2-135m", help="a preset name or a local checkpoint folder")
+    add_target(group)
     group.add_argument("--data", required=True, nargs="+",
                        help="folder(s) written by `dflash2-hf data`, read in order (held-out records: the last ones)")
     group.add_argument("--out", required=True, help="run folder: checkpoints (resumed from), config, curves")
