@@ -482,8 +482,11 @@ class DFlashDraftModel(DFlashPreTrainedModel):
         return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), cache=cache)
 
     def compute_logits(self, hidden_states: torch.Tensor, output_embeddings: nn.Module) -> torch.Tensor:
-        """Logits of drafted positions through the target's LM head, with the configured multiplier and soft cap."""
-        logits = output_embeddings(hidden_states) * float(self.config.output_multiplier)
+        """Logits of drafted positions through the target's LM head, with the configured multiplier and soft cap. The
+        positions go through the head as one matrix: a strided 3-D input (a slice of the block) would make torch
+        multiply by a copy of the head per row instead."""
+        flat = hidden_states.reshape(-1, hidden_states.shape[-1])
+        logits = output_embeddings(flat).view(*hidden_states.shape[:-1], -1) * float(self.config.output_multiplier)
         softcap = self.config.final_logit_softcapping
         if softcap:
             logits = torch.tanh(logits / float(softcap)) * float(softcap)

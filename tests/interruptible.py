@@ -87,7 +87,8 @@ def main(kind: str, folder: Path) -> None:
         save_file({k: v.contiguous() for k, v in run.unwrapped.state_dict().items()}, folder / "final.safetensors")
     else:
         generator, texts = response_generator(folder), prompts()
-        announce_starts(generator, "_answer", lambda batch: texts.index(batch[0]) // BATCH_SIZE)
+        order = generator.answering_order(texts)
+        announce_starts(generator, "_answer", lambda batch: order.index(batch[0]) // BATCH_SIZE)
         generator.run(texts)
 
 

@@ -129,7 +129,8 @@ def test_info_counts_a_factorised_selector_without_the_vocabulary(capsys, tmp_pa
 def test_data_answers_the_chat_file_prompts_with_the_target(data, target):
     out, printed = data
     records = [json.loads(line) for shard in sorted(out.glob("shard-*.jsonl")) for line in shard.read_text().splitlines()]
-    assert printed.strip().endswith(f"3 prompts answered in {out}")
+    assert re.fullmatch(rf"3 prompts answered in {re.escape(str(out))} \(3 this run in \d+ s: [\d.]+ answers/s, \d+ "
+                        r"answer tokens/s\)", printed.strip().splitlines()[-1])
     assert len(list(out.glob("shard-*.jsonl"))) == 2, "--batch-size 2: one shard per batch"
     assert {r["prompt"] for r in records} < set(CHAT)
     assert all(r["prompt_ids"] and 1 <= len(r["response_ids"]) <= 12 for r in records)
@@ -712,7 +713,7 @@ def test_data_code_prompts_asks_the_target_to_complete_each_documented_function(
     out = tmp_path / "out"
     printed = run(["data", "--target", target, "--code-prompts", str(sources), "--out", str(out), "--limit", "5",
                    "--batch-size", "2", "--max-new-tokens", "4"])
-    assert printed.strip() == f"2 prompts answered in {out}"
+    assert printed.strip().startswith(f"2 prompts answered in {out} (2 this run in ")
     assert sorted(r["prompt"] for r in read_responses(out)) == [code_request(area), code_request(side)]
     assert describe_data(out, 2).startswith("2 responses written by the target itself (greedy, up to 4 new tokens) to "
                                             "requests to complete documented Python functions (`--code-prompts`)")

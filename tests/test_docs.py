@@ -200,10 +200,13 @@ DOCUMENTED_COMMANDS = {
         "tests/test_reference_peer.py::test_the_committed_parity_fixtures_are_what_the_reference_writes",
     # docs/training.md and docs/results.md: a tiny target folder instead of the preset, a 4-prompt --chat-file instead
     # of ShareGPT, 3 prompts of 12 new tokens; 3 training steps of a 1-layer drafter with blocks of 4.
-    "dflash2-hf data --target smollm2-135m --out runs/smollm2-data --limit 3000 --batch-size 24 --max-new-tokens 256":
+    "dflash2-hf data --target smollm2-135m --out runs/smollm2-data --limit 3000 --max-new-tokens 256":
         "tests/test_cli.py::test_data_answers_the_chat_file_prompts_with_the_target",
     "dflash2-hf data --target smollm2-135m --out runs/smollm2-data2 --exclude-data runs/smollm2-data --limit 3000 "
-    "--batch-size 24 --max-new-tokens 256":
+    "--max-new-tokens 256":
+        "tests/test_cli.py::test_data_exclude_data_answers_only_prompts_the_earlier_folder_lacks",
+    "dflash2-hf data --target smollm2-135m --out runs/smollm2-data2 --exclude-data runs/smollm2-data --limit 3000 "
+    "--batch-size 24 --max-new-tokens 256":  # docs/results.md: how the shipped drafter's data was made
         "tests/test_cli.py::test_data_exclude_data_answers_only_prompts_the_earlier_folder_lacks",
     "dflash2-hf data --out runs/smollm2-data --limit 3000 --batch-size 24 --max-new-tokens 256":
         "tests/test_cli.py::test_data_answers_the_chat_file_prompts_with_the_target",
@@ -305,12 +308,14 @@ DOCUMENTED_COMMANDS = {
     # docs/training.md and docs/results.md: the teacher-forced held-out figures of a drafter.
     "dflash2-hf heldout":
         "tests/test_cli.py::test_heldout_gives_the_teacher_forced_acceptance_of_argmax_and_the_selector_walk",
+    # docs/training.md: the one-command GPU recipe, run on the CPU with a tiny target and sizes.
+    "scripts/train_on_device.sh runs/gpu":
+        "tests/test_scripts.py::test_train_on_device_recipe_makes_data_trains_and_exports_a_drafter_at_a_tiny_size",
     # docs/training.md: measuring any drafter by decoding.
     "dflash2-hf evaluate DRAFTER --paths argmax greedy --temperatures 0 --prompts 4 --max-new-tokens 128":
         "tests/test_cli.py::test_evaluate_writes_the_acceptance_of_every_path_and_temperature",
     # docs/training.md: code prompts from the standard library (the test: a folder of two documented functions).
-    "dflash2-hf data --target smollm2-135m --code-prompts --out runs/smollm2-code --limit 6000 --batch-size 24 "
-    "--max-new-tokens 256":
+    "dflash2-hf data --target smollm2-135m --code-prompts --out runs/smollm2-code --limit 6000 --max-new-tokens 256":
         "tests/test_cli.py::test_data_code_prompts_asks_the_target_to_complete_each_documented_function",
     # docs/training.md: the selector fine-tuned at the anchors decoding visits (the tiny target's 3-step drafter, 3
     # selector-only steps).

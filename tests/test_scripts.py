@@ -1,14 +1,17 @@
 """The scripts in scripts/ run from the command line as the documentation shows them (real model: marked slow)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import smollm2_tiny_target_folder
 from dflash2_hf.cpu.kernels import packed_linears_supported
 from dflash2_hf.presets import default_drafter_folder
+from dflash2_hf.training.data import read_responses
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -122,3 +125,31 @@ def test_device_check_passes_its_three_checks_on_the_cpu(tmp_path):
     assert report["greedy_identity"]["identical"] == {"custom_generate": 2, "assistant_model": 2}
     assert report["exact_sampling"]["p_value"] > 1e-3 > 1e-6 > report["exact_sampling"]["biased_control_p_value"]
     assert report["speed"]["seconds"]["plain"] > 0 and report["speed"]["seconds"]["dflash2"] > 0
+
+
+def test_train_on_device_recipe_makes_data_trains_and_exports_a_drafter_at_a_tiny_size(tmp_path):
+    """`scripts/train_on_device.sh OUT` (sized for a GPU) run on the CPU with a tiny target and sizes set by its
+    environment variables: the answers, the run and the exported drafter with its training record land under OUT."""
+    target = smollm2_tiny_target_folder(tmp_path / "target", num_hidden_layers=6)
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Name {n} colours."}]}) + "\n"
+                            for n in range(6)))
+    sizes = {"TARGET": target, "CHAT_FILE": str(chat), "PROMPTS": "4", "NEW_TOKENS": "8", "DATA_BATCH": "2",
+             "STEPS": "2", "TRAIN_BATCH": "2", "BLOCKS": "2", "LAYERS": "1",
+             "DFLASH2_HF": f"{sys.executable} -m dflash2_hf.cli"}
+    out = tmp_path / "out"
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "train_on_device.sh"), str(out)], capture_output=True,
+                            text=True, timeout=600, cwd=ROOT, env=os.environ | sizes)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(read_responses(out / "data")) == 4
+    record = json.loads((out / "drafter" / "training.json").read_text())
+    assert record["budget"]["steps"] == 2 and record["config"]["batch_size"] == 2
+    assert (out / "drafter" / "model.safetensors").exists()
+    assert f"the drafter is in {out / 'drafter'}" in result.stdout
+
+
+def test_train_on_device_recipe_without_a_folder_says_how_to_call_it():
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "train_on_device.sh")], capture_output=True, text=True,
+                            timeout=60, cwd=ROOT)
+    assert result.returncode == 2
+    assert result.stderr == "usage: scripts/train_on_device.sh OUT (a folder for the data, the run and the drafter)\n"

@@ -250,7 +250,7 @@ def test_the_distill_weight_mixes_the_hard_and_soft_losses_linearly(target, reco
         run = trainer(target, records, tmp_path / str(weight), steps=1, distill_weight=weight)
         with torch.no_grad():
             losses[weight] = run.losses(batch)[1].drafter_loss
-    assert losses[1.0] != pytest.approx(losses[0.0], rel=1e-3)
+    assert abs(losses[1.0] - losses[0.0]) > 1e-4  # a random drafter: both near log(vocabulary), yet apart
     assert losses[0.5] == pytest.approx((losses[0.0] + losses[1.0]) / 2, rel=1e-5)
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
-import torch
 
 from .checks import check_minimums, check_out_folder, check_target_argument, read_data, refuse_below
 from .parsers import add_command, add_target
@@ -36,7 +36,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     answers = make.add_argument_group("answers")
     answers.add_argument("--max-new-tokens", type=int, default=256, help="tokens per answer (>= 1)")
     answers.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (>= 0; 0 answers greedily)")
-    answers.add_argument("--batch-size", type=int, default=16, help="prompts answered together (>= 1)")
+    answers.add_argument("--batch-size", type=int, default=64,
+                         help="prompts answered together (>= 1; like-sized prompts are batched together)")
+    answers.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                         help="the target's dtype while answering (auto: bfloat16 on a GPU or a CPU with bf16 "
+                              "instructions, float32 elsewhere; recorded in the manifest)")
     make.set_defaults(run=make_data)
 
 
@@ -46,6 +50,7 @@ def make_data(args: argparse.Namespace) -> None:
     from ..presets import load_target
     from ..training import data
     from ..training.code_prompts import code_conversations
+    from ..training.setup import fastest_dtype, training_device
 
     if args.code_prompts is not None and (args.chat_file or args.existing_responses):
         raise SystemExit("dflash2-hf data: --code-prompts makes its own prompts, which have no replies; it takes "
@@ -87,13 +92,28 @@ def make_data(args: argparse.Namespace) -> None:
         raise SystemExit(f"dflash2-hf data: no prompt to answer: every first user turn read is longer than "
                          f"--max-prompt-chars {args.max_prompt_chars}, a benchmark prompt or already answered in "
                          f"--exclude-data{' or has no reply (--existing-responses)' if replies is not None else ''}.")
-    target, tokenizer = load_target(args.target, dtype=torch.bfloat16)
+    dtype = fastest_dtype(args.dtype)
+    target, tokenizer = load_target(args.target, dtype=dtype)
     if replies is None:
         settings = data.ResponseGenerator.settings_for(args.target, prompts, args.max_new_tokens, args.temperature,
-                                                       kind="code" if code is not None else "chat")
-        generator = data.ResponseGenerator(target, tokenizer, args.out, settings, batch_size=args.batch_size)
+                                                       kind="code" if code is not None else "chat", dtype=dtype)
+        generator = data.ResponseGenerator(target.to(training_device()), tokenizer, args.out, settings,
+                                           batch_size=args.batch_size)
     else:
         settings = data.ExistingResponses.settings_for(args.target, prompts, args.max_new_tokens)
         generator = data.ExistingResponses(target, tokenizer, args.out, settings, replies, batch_size=args.batch_size)
+    print(answered_line(generator, prompts, args.out, replies is not None))
+
+
+def answered_line(generator, prompts: list[str], out: str, existing: bool) -> str:
+    """Run ``generator`` on ``prompts``; the line saying how many are done in ``out`` and, when this run answered
+    some, at what rate (answers and answer tokens per second, the data step's throughput)."""
+    before, started = generator.done_count(), time.perf_counter()
     done = generator.run(prompts)
-    print(f"{done} {'replies written' if replies is not None else 'prompts answered'} in {args.out}")
+    seconds = time.perf_counter() - started
+    line = f"{done} {'replies written' if existing else 'prompts answered'} in {out}"
+    if done > before and not existing:
+        tokens = sum(len(record["response_ids"]) for record in generator.records_since(before))
+        line += (f" ({done - before} this run in {seconds:.0f} s: {(done - before) / seconds:.2f} answers/s, "
+                 f"{tokens / seconds:.0f} answer tokens/s)")
+    return line

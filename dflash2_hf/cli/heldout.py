@@ -70,7 +70,8 @@ def heldout(args: argparse.Namespace) -> None:
     check_target_argument("dflash2-hf heldout", "--target", args.target)
     drafter_config("dflash2-hf heldout", "drafter", args.drafter, args.target)
     decoding = args.anchors == "decoding"  # in fp32 throughout, as `evaluate` decodes by default
-    target, _ = load_target(args.target, dtype=torch.float32 if decoding else torch.bfloat16)
+    # The random-anchor measure runs as training does (bf16 under autocast where the hardware computes bf16).
+    target, _ = load_target(args.target, dtype=torch.bfloat16 if settings.bf16 and not decoding else torch.float32)
     check_data_vocabulary("heldout", records, target, args.data)
     drafter = DFlashDraftModel.from_pretrained(args.drafter).float()
     trainer = DrafterTrainer(drafter, target, records, settings)

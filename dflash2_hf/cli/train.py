@@ -53,8 +53,14 @@ def add_schedule_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--warmup", type=int, default=50, help="steps of linear warm-up (>= 0)")
     group.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints (>= 1)")
     group.add_argument("--feature-cache-gb", type=float, default=8.0,
-                       help="memory for the target features kept between steps; sequences past it are recomputed "
-                            "(>= 0)")
+                       help="memory for the target features kept between steps; sequences past it are read from "
+                            "--feature-store (>= 0)")
+    group.add_argument("--feature-store", metavar="DIR",
+                       help="folder keeping each sequence's target features on disk, computed once: share it between "
+                            "runs on the same answers (default: OUT/features)")
+    group.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                       help="the target's dtype and the run's autocast (auto: bfloat16 on a GPU or a CPU with bf16 "
+                            "instructions, float32 elsewhere)")
 
 
 def add_layout_options(group: argparse._ArgumentGroup) -> None:
@@ -177,6 +183,7 @@ def check_resumed_schedule(out: Path, training) -> None:
 def training_settings(args: argparse.Namespace, records: list[dict]):
     """The run's :class:`~dflash2_hf.training.trainer.TrainingConfig`, checked (with the records it would train on)
     before anything loads."""
+    from ..training.setup import fastest_dtype
     from ..training.trainer import TrainingConfig, check_trainable, split_heldout
 
     try:
@@ -185,7 +192,9 @@ def training_settings(args: argparse.Namespace, records: list[dict]):
                                   checkpoint_every=args.checkpoint_every, seed=args.seed,
                                   heldout_fraction=args.heldout_fraction, train_drafter=not args.selector_only,
                                   selector_gold=args.selector_gold, distill_weight=args.distill_weight,
-                                  anchors=args.anchors, feature_cache_gb=args.feature_cache_gb)
+                                  anchors=args.anchors, feature_cache_gb=args.feature_cache_gb,
+                                  feature_store=args.feature_store or str(Path(args.out) / "features"),
+                                  bf16=fastest_dtype(args.dtype) == torch.bfloat16)
         check_trainable(split_heldout(records, training.heldout_fraction)[0], training.max_length)
     except ValueError as error:
         raise SystemExit(f"dflash2-hf train: {error}") from None
@@ -259,7 +268,7 @@ def train(args: argparse.Namespace) -> None:
         drafter_config("dflash2-hf train", "--init-from", args.init_from, args.target)
         check_export_keeps_the_start(args)
     check_resumed_schedule(Path(args.out), training)
-    target, tokenizer = load_target(args.target, dtype=torch.bfloat16)
+    target, tokenizer = load_target(args.target, dtype=torch.bfloat16 if training.bf16 else torch.float32)
     check_data_vocabulary("train", records, target, args.data)
     trainer = DrafterTrainer(starting_drafter(args, target, tokenizer), target, records, training)
     history = trainer.train()

@@ -7,6 +7,8 @@
   (:func:`excluded_from_training`; :mod:`.code_prompts` makes code prompts from Python sources instead of chat files).
 * :class:`ResponseGenerator` answers prompts with the target in batches and appends each finished batch to a shard
   (written to a temporary file, then renamed), with a manifest of the settings; a restarted run skips what is done.
+  Prompts are answered in order of length within windows of :data:`LENGTH_WINDOW` (batches of like-sized prompts
+  carry little padding: a padded prompt costs a full prefill), so records come in that order.
 * :class:`ExistingResponses` writes the same shards from the replies already in the chat files (no generation: fast,
   but the drafter then learns those replies rather than the target's own continuations).
 * :func:`read_responses` reads the shards back, refusing a line that is not a whole record (naming shard and line);
@@ -216,6 +218,16 @@ class GenerationSettings:
     prompts_sha256: str
     responses: str = "target"  # "target": answered by the target; "existing": the chat files' own replies
     prompts: str = "chat"  # "chat": first turns of chat files; "code": requests to complete documented functions
+    dtype: str = "bfloat16"  # the target's dtype while answering
+    order: str = "by length in windows"  # "as given": prompt order (folders written before answers were sorted)
+
+
+#: Prompts answered together are sorted by length within windows of this many prompts (a fixed number, so a run
+#: resumed with another batch size answers in the same order).
+LENGTH_WINDOW = 512
+
+#: What manifests written before a field existed meant by its absence.
+OLDER_MANIFEST_DEFAULTS = {"responses": "target", "prompts": "chat", "dtype": "bfloat16", "order": "as given"}
 
 
 class ResponseGenerator:
@@ -231,23 +243,45 @@ class ResponseGenerator:
     @staticmethod
     def settings_for(
         target_name: str, prompts: list[str], max_new_tokens: int, temperature: float, kind: str = "chat",
+        dtype: torch.dtype = torch.float32,
     ) -> GenerationSettings:
-        """The settings of answering ``prompts`` (``kind``: "chat" or "code", what the prompts are)."""
+        """The settings of answering ``prompts`` (``kind``: "chat" or "code", what the prompts are) with the target
+        in ``dtype``."""
         digest = hashlib.sha256("\n\0".join(prompts).encode()).hexdigest()
-        return GenerationSettings(target_name, max_new_tokens, temperature > 0, temperature, digest, prompts=kind)
+        return GenerationSettings(target_name, max_new_tokens, temperature > 0, temperature, digest, prompts=kind,
+                                  dtype=str(dtype).removeprefix("torch."))
 
     def _check_manifest(self) -> None:
         manifest = self.folder / "manifest.json"
         if manifest.exists():
-            older = {"responses": "target", "prompts": "chat"}  # what manifests written before these fields meant
-            previous = older | json.loads(manifest.read_text())
+            previous = OLDER_MANIFEST_DEFAULTS | json.loads(manifest.read_text())
             if previous != asdict(self.settings):
                 raise ValueError(f"{self.folder} holds responses made with other settings: {previous}; use a new folder.")
         else:
             _write_atomically(manifest, json.dumps(asdict(self.settings), indent=2))
 
     def done_count(self) -> int:
+        """How many records the folder's shards hold."""
         return sum(len(p.read_text().splitlines()) for p in self.folder.glob("shard-*.jsonl"))
+
+    def records_since(self, count: int) -> list[dict]:
+        """The records written after the first ``count`` (those of a run that began with ``count`` done)."""
+        return read_responses(self.folder)[count:]
+
+    def answering_order(self, prompts: list[str]) -> list[str]:
+        """``prompts`` in the order they are answered and recorded: by chat-templated length (stable) within each
+        window of :data:`LENGTH_WINDOW`, or as given for a folder begun before answers were sorted."""
+        if self.settings.order == "as given":
+            return list(prompts)
+        lengths = {prompt: len(self.tokenizer(self._template(prompt), add_special_tokens=False).input_ids)
+                   for prompt in prompts}
+        windows = (prompts[start: start + LENGTH_WINDOW] for start in range(0, len(prompts), LENGTH_WINDOW))
+        return [prompt for window in windows for prompt in sorted(window, key=lengths.__getitem__)]
+
+    def _template(self, prompt: str) -> str:
+        """``prompt`` as the target's chat template lays out a user turn waiting for the answer."""
+        return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                                  add_generation_prompt=True)
 
     @torch.no_grad()
     def run(self, prompts: list[str]) -> int:
@@ -255,6 +289,7 @@ class ResponseGenerator:
         self.folder.mkdir(parents=True, exist_ok=True)
         self._check_manifest()
         done = self.done_count()
+        prompts = self.answering_order(prompts)
         self.tokenizer.padding_side = "left"
         with tqdm(total=len(prompts), initial=done, desc="responses", unit="prompt") as progress:
             for start in range(done, len(prompts), self.batch_size):
@@ -271,14 +306,15 @@ class ResponseGenerator:
         return set(eos if isinstance(eos, list) else [eos]) - {None}
 
     def _answer(self, prompts: list[str]) -> list[dict]:
-        texts = [
-            self.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
-            for p in prompts
-        ]
+        texts = [self._template(prompt) for prompt in prompts]
         encoded = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        encoded = encoded.to(self.target.device)
         sampling = {"do_sample": True, "temperature": self.settings.temperature} if self.settings.do_sample else {"do_sample": False}
+        # On a CPU a static cache saves copying the whole cache at every step (on a GPU, generate would compile
+        # for it, again for each batch's length).
+        cache = "static" if self.target.device.type == "cpu" else None
         output = self.target.generate(**encoded, max_new_tokens=self.settings.max_new_tokens,
-                                      pad_token_id=self.tokenizer.pad_token_id, **sampling)
+                                      pad_token_id=self.tokenizer.pad_token_id, cache_implementation=cache, **sampling)
         records = []
         for row, prompt in enumerate(prompts):
             prompt_ids = encoded.input_ids[row][encoded.attention_mask[row].bool()].tolist()

@@ -3,7 +3,8 @@
 :func:`drafter_config_for` sizes a fresh drafter after the target (width, heads, RoPE, special tokens, taps spread
 evenly over the target's layers); :func:`initialize_from_target` starts it from the target's top layers;
 :func:`drafter_to_continue` loads a trained one to continue (upgrading a DFlash v1 drafter to DFlash 2, or giving a
-drafter a fresh selector); :func:`with_lora` wraps one for adapter fine-tuning.
+drafter a fresh selector); :func:`with_lora` wraps one for adapter fine-tuning; :func:`fastest_dtype` says in which
+dtype the data and training steps compute on this machine.
 """
 
 from __future__ import annotations
@@ -12,7 +13,24 @@ from pathlib import Path
 
 import torch
 
+from ..cpu.kernels import native_bf16_matmuls
 from ..modeling import DFlashConfig, DFlashDraftModel, GroupedDynamicConv, spread_target_layer_ids
+
+#: The ``--dtype`` choices of the data and training commands: ``auto`` is :func:`fastest_dtype`.
+DTYPE_CHOICES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def fastest_dtype(choice: str = "auto") -> torch.dtype:
+    """The dtype ``choice`` names; ``auto``: bfloat16 on a CUDA GPU or a CPU that computes bf16 matmuls in hardware,
+    float32 elsewhere (a CPU without bf16 instructions emulates them, several times slower than float32)."""
+    if DTYPE_CHOICES[choice] is not None:
+        return DTYPE_CHOICES[choice]
+    return torch.bfloat16 if torch.cuda.is_available() or native_bf16_matmuls() else torch.float32
+
+
+def training_device() -> torch.device:
+    """Where the data and training steps run: the first CUDA GPU when there is one, else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def drafter_config_for(

@@ -10,7 +10,8 @@ at the anchors greedy decoding with the drafter's argmax path visits on the targ
 where acceptance is low, while random anchors count every position alike.
 
 The loop uses ``accelerate`` (one process, or ``accelerate launch --num_processes N`` for DDP), AdamW with warmup +
-cosine decay, gradient clipping and bf16 autocast, and resumes bit-for-bit from its latest checkpoint.
+cosine decay, gradient clipping and bf16 autocast where the hardware computes bf16 (a GPU, or a CPU with bf16
+instructions: :func:`~dflash2_hf.training.setup.fastest_dtype`), and resumes bit-for-bit from its latest checkpoint.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ from .blocks import (
     selector_positions,
 )
 from .checkpoint import checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
-from .setup import is_peft_model
+from .features import FeatureStore, layout_key
+from .setup import fastest_dtype, is_peft_model
 
 
 class TrainingDiverged(ValueError):
@@ -74,10 +76,13 @@ class TrainingConfig:
     checkpoint_every: int = 50
     heldout_fraction: float = 0.0
     seed: int = 0
-    bf16: bool = True
-    feature_cache_gb: float = 8.0  # target features kept in memory; sequences past it are recomputed each time
+    bf16: bool | None = None  # bf16 autocast; None: where the hardware computes bf16 (fastest_dtype)
+    feature_cache_gb: float = 8.0  # target features kept in memory; sequences past it are read from the store
+    feature_store: str | None = None  # folder keeping every sequence's target features on disk (None: memory only)
 
     def __post_init__(self) -> None:
+        if self.bf16 is None:
+            self.bf16 = fastest_dtype() == torch.bfloat16
         if self.steps < 0:
             raise ValueError(f"steps must be >= 0, got {self.steps}.")
         for name in ("batch_size", "blocks_per_sequence", "checkpoint_every"):
@@ -146,6 +151,9 @@ class DrafterTrainer:
         self.history: list[dict] = []
         self.feature_cache: dict[int, torch.Tensor] = {}
         self.feature_cache_bytes = 0
+        self.feature_store = (FeatureStore(config.feature_store, layout_key(target.config, self._feature_layers(),
+                                                                            self.target.dtype))
+                              if config.feature_store else None)
         self.visited_anchors: dict[int, list[int]] = {}
 
     def _lr_factor(self, step: int) -> float:
@@ -192,19 +200,31 @@ class DrafterTrainer:
             self.visited_anchors[record_id] = [first + anchor for anchor in decoding_anchors(lengths)]
         return self.visited_anchors[record_id]
 
-    @torch.no_grad()
-    def _target_states(self, record_id: int, input_ids: torch.Tensor) -> torch.Tensor:
-        """Target states of one unpadded sequence, ``[T, taps * hidden]`` (the tapped layers' features), plus the
-        final (normed) hidden state as the last ``hidden`` columns when distilling; computed once and kept (in the
-        target's dtype) while the cache stays under ``feature_cache_gb``."""
-        if record_id in self.feature_cache:
-            return self.feature_cache[record_id]
+    def _feature_layers(self) -> list[int]:
+        """The target's hidden states the features hold: the tapped layers' outputs, and the final (normed) one
+        when distilling."""
         layers = [i + 1 for i in self.unwrapped.target_layer_ids]
         if self.config.distill_weight > 0:
             layers.append(self.target.config.num_hidden_layers)
-        output = self.target(input_ids=input_ids[None].to(self.accelerator.device), output_hidden_states=layers,
-                             logits_to_keep=1)
-        states = torch.cat([output.hidden_states[i] for i in layers], dim=-1)[0]
+        return layers
+
+    @torch.no_grad()
+    def _target_states(self, record_id: int, input_ids: torch.Tensor) -> torch.Tensor:
+        """Target states of one unpadded sequence, ``[T, taps * hidden]`` (the tapped layers' features), plus the
+        final (normed) hidden state as the last ``hidden`` columns when distilling, in the target's dtype: computed
+        once per sequence where a ``feature_store`` keeps them on disk, and kept in memory while the cache stays
+        under ``feature_cache_gb``."""
+        if record_id in self.feature_cache:
+            return self.feature_cache[record_id]
+        states = self.feature_store.load(input_ids) if self.feature_store else None
+        if states is None:
+            layers = self._feature_layers()
+            output = self.target(input_ids=input_ids[None].to(self.accelerator.device), output_hidden_states=layers,
+                                 logits_to_keep=1)
+            states = torch.cat([output.hidden_states[i] for i in layers], dim=-1)[0]
+            if self.feature_store:
+                self.feature_store.save(input_ids, states)
+        states = states.to(self.accelerator.device)
         size = states.numel() * states.element_size()
         if self.feature_cache_bytes + size <= self.config.feature_cache_gb * 2**30:
             self.feature_cache[record_id] = states
