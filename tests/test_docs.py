@@ -308,6 +308,11 @@ DOCUMENTED_COMMANDS = {
     # docs/training.md and docs/results.md: the teacher-forced held-out figures of a drafter.
     "dflash2-hf heldout":
         "tests/test_cli.py::test_heldout_gives_the_teacher_forced_acceptance_of_argmax_and_the_selector_walk",
+    # docs/training.md: the throughput measurements (the data command as above; the script on two answers, one step).
+    "dflash2-hf data --target smollm2-135m --limit 128 --max-new-tokens 128 --out DIR":
+        "tests/test_cli.py::test_data_answers_the_chat_file_prompts_with_the_target",
+    "python scripts/training_throughput.py --data DIR --records 40 --dtype bfloat16":
+        "tests/test_scripts.py::test_training_throughput_script_times_features_and_steps_on_the_real_target",
     # docs/training.md: the one-command GPU recipe, run on the CPU with a tiny target and sizes.
     "scripts/train_on_device.sh runs/gpu":
         "tests/test_scripts.py::test_train_on_device_recipe_makes_data_trains_and_exports_a_drafter_at_a_tiny_size",
