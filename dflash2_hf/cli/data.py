@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 from .checks import check_minimums, check_out_folder, check_target_argument, read_data, refuse_below
-from .parsers import add_command, add_target
+from .parsers import add_command, add_compute_dtype, add_target
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -38,9 +38,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     answers.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (>= 0; 0 answers greedily)")
     answers.add_argument("--batch-size", type=int, default=64,
                          help="prompts answered together (>= 1; like-sized prompts are batched together)")
-    answers.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
-                         help="the target's dtype while answering (auto: bfloat16 on a GPU or a CPU with bf16 "
-                              "instructions, float32 elsewhere; recorded in the manifest)")
+    add_compute_dtype(answers, "the target's dtype while answering, recorded in the manifest")
     make.set_defaults(run=make_data)
 
 

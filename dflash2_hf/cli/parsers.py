@@ -30,6 +30,13 @@ def add_target(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--target", default="smollm2-135m", help="a preset name or a local checkpoint folder")
 
 
+def add_compute_dtype(group: argparse._ArgumentGroup, what: str) -> None:
+    """`--dtype` of the data and training steps: ``what`` the dtype sets; auto picks what the hardware computes
+    fastest (:func:`dflash2_hf.training.setup.fastest_dtype`)."""
+    group.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                       help=f"{what} (auto: bfloat16 on a GPU or a CPU with bf16 instructions, float32 elsewhere)")
+
+
 def add_drafter_and_target(group: argparse._ArgumentGroup) -> None:
     """The drafter folder to measure (first argument) and its ``--target``."""
     group.add_argument("drafter", help="drafter folder")

@@ -17,7 +17,7 @@ from .checks import (
     drafter_config,
     read_data,
 )
-from .parsers import add_command, add_target
+from .parsers import add_command, add_compute_dtype, add_target
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -58,9 +58,7 @@ def add_schedule_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--feature-store", metavar="DIR",
                        help="folder keeping each sequence's target features on disk, computed once: share it between "
                             "runs on the same answers (default: OUT/features)")
-    group.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
-                       help="the target's dtype and the run's autocast (auto: bfloat16 on a GPU or a CPU with bf16 "
-                            "instructions, float32 elsewhere)")
+    add_compute_dtype(group, "the target's dtype and the run's autocast")
 
 
 def add_layout_options(group: argparse._ArgumentGroup) -> None:
