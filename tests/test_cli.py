@@ -213,6 +213,7 @@ def test_train_reads_several_data_folders_in_order_and_records_each(target, data
     record = json.loads((tmp_path / "run" / "drafter" / "training.json").read_text())
     first, second = record["data"].split(" + ")
     assert first == second and first.startswith("3 responses written by the target itself")
+    assert (record["budget"]["training_records"], record["budget"]["heldout_records"]) == (4, 2), "6 records, 34% out"
 
 
 def test_train_refuses_a_data_folder_without_responses_before_loading_the_target(data, tmp_path):

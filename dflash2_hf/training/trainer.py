@@ -519,6 +519,7 @@ class DrafterTrainer:
             drafter.to(torch.bfloat16).save_pretrained(folder)
             drafter.to(torch.float32)
         budget = {"steps": self.step, "sequences": self.step * self.config.batch_size,
-                  "cpu_seconds": sum(h["seconds"] for h in self.history)}
+                  "cpu_seconds": sum(h["seconds"] for h in self.history),
+                  "training_records": len(self.records), "heldout_records": len(self.heldout)}
         (folder / "training.json").write_text(json.dumps(
             {**(provenance or {}), "config": asdict(self.config), "budget": budget}, indent=2))
