@@ -216,6 +216,16 @@ def test_train_reads_several_data_folders_in_order_and_records_each(target, data
     assert (record["budget"]["training_records"], record["budget"]["heldout_records"]) == (4, 2), "6 records, 34% out"
 
 
+def test_train_feature_store_keeps_the_features_where_asked_and_a_second_run_adds_none(target, data, tmp_path):
+    store = tmp_path / "features"
+    run(train_argv(target, data[0], tmp_path / "first", "--feature-store", str(store)))
+    stored = sorted(path.name for path in store.rglob("*.safetensors"))
+    assert len(stored) == 3, "one file per answer of the 3-prompt data folder"
+    assert not (tmp_path / "first" / "features").exists(), "not in the run folder's default place"
+    run(train_argv(target, data[0], tmp_path / "second", "--feature-store", str(store)))
+    assert sorted(path.name for path in store.rglob("*.safetensors")) == stored
+
+
 def test_train_refuses_a_data_folder_without_responses_before_loading_the_target(data, tmp_path):
     message = refusal(train_argv(str(tmp_path / "no-such-model"), [data[0], tmp_path / "typo"], tmp_path / "run"))
     assert re.search(f"dflash2-hf train: {tmp_path / 'typo'} holds no response shards", message)
