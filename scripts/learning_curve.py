@@ -9,7 +9,8 @@ Each file is the ``--out`` of one `dflash2-hf evaluate` run. The drafter it name
 branch) is fitted as acceptance = a + b * log10(answers) over the drafters, by least squares; the answers where the
 fit reaches ``--aim``, and the time to make and train on them (``--answers-per-second`` of `dflash2-hf data`, and the
 training seconds per answer of the measured runs, which used one recipe: a fixed number of passes over the data),
-are printed as a Markdown table. A curve that does not rise predicts nothing, and says so.
+are printed as a Markdown table (``--training-seconds-per-answer`` replaces the latter, e.g. by a run's that had the
+CPU to itself). A curve that does not rise predicts nothing, and says so.
 """
 
 from __future__ import annotations
@@ -99,13 +100,17 @@ def by_measure(points: list[Point]) -> dict[str, list[Point]]:
     return {measure: sorted(group, key=lambda p: p.answers) for measure, group in groups.items()}
 
 
-def hours_for(answers: float, group: list[Point], answers_per_second: float) -> float:
-    """Hours to answer ``answers`` prompts and train on them with the measured runs' seconds per answer."""
-    training_per_answer = sum(p.training_seconds for p in group) / sum(p.answers for p in group)
-    return answers * (1 / answers_per_second + training_per_answer) / 3600
+def hours_for(answers: float, group: list[Point], answers_per_second: float,
+              training_seconds_per_answer: float | None = None) -> float:
+    """Hours to answer ``answers`` prompts and train on them: at the given training seconds per answer, else at the
+    measured runs' own."""
+    if training_seconds_per_answer is None:
+        training_seconds_per_answer = sum(p.training_seconds for p in group) / sum(p.answers for p in group)
+    return answers * (1 / answers_per_second + training_seconds_per_answer) / 3600
 
 
-def table(groups: dict[str, list[Point]], aim: float, answers_per_second: float) -> str:
+def table(groups: dict[str, list[Point]], aim: float, answers_per_second: float,
+          training_seconds_per_answer: float | None = None) -> str:
     """One Markdown row per measure: acceptance at each size, the fit, and what it predicts for ``aim``."""
     sizes = sorted({p.answers for group in groups.values() for p in group})
     lines = ["| measure | " + " | ".join(f"{n} answers" for n in sizes) + f" | fit | answers for {aim:g} | hours |",
@@ -115,7 +120,7 @@ def table(groups: dict[str, list[Point]], aim: float, answers_per_second: float)
         at = {p.answers: f"{p.acceptance:.2f}" for p in group}
         needed = line.answers_for(aim)
         prediction = ("not reached (the curve does not rise)", "-") if needed is None else (
-            f"{needed:,.0f}", f"{hours_for(needed, group, answers_per_second):,.0f}")
+            f"{needed:,.0f}", f"{hours_for(needed, group, answers_per_second, training_seconds_per_answer):,.0f}")
         cells = [at.get(n, "-") for n in sizes] + [f"{line.intercept:.2f} + {line.slope:.2f} log10(n)", *prediction]
         lines.append(f"| {measure} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -146,12 +151,17 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("evaluations", nargs="+", type=Path, help="`dflash2-hf evaluate --out` files")
     parser.add_argument("--answers-per-second", type=float, required=True,
                         help="the rate `dflash2-hf data` printed on this machine (> 0)")
+    parser.add_argument("--training-seconds-per-answer", type=float,
+                        help="training time per answer for the prediction (> 0; default: the measured runs' own, "
+                             "from their training.json)")
     parser.add_argument("--aim", type=float, default=3.5, help="acceptance length to predict for (> 1)")
     parser.add_argument("--temperature", type=float, default=0.0, help="the evaluated temperature to read")
     parser.add_argument("--plot", type=Path, help="write the curves to this PNG")
     args = parser.parse_args()
     if args.answers_per_second <= 0 or args.aim <= 1:
         parser.error(f"--answers-per-second must be > 0 and --aim > 1, got {args.answers_per_second} and {args.aim}")
+    if args.training_seconds_per_answer is not None and args.training_seconds_per_answer <= 0:
+        parser.error(f"--training-seconds-per-answer must be > 0, got {args.training_seconds_per_answer}")
     missing = [str(path) for path in args.evaluations if not path.is_file()]
     if missing:
         parser.error(f"no such evaluate file: {', '.join(missing)}")
@@ -164,7 +174,7 @@ def main() -> None:
     if not groups:
         raise SystemExit(f"learning_curve.py: the files hold no result at temperature {args.temperature:g}")
     try:
-        print(table(groups, args.aim, args.answers_per_second))
+        print(table(groups, args.aim, args.answers_per_second, args.training_seconds_per_answer))
     except ValueError as error:
         raise SystemExit(f"learning_curve.py: {error}") from None
     if args.plot:

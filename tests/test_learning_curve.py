@@ -42,7 +42,12 @@ def test_one_size_alone_is_refused_as_no_curve():
 
 def test_the_predicted_hours_add_answering_and_training_at_the_measured_rates():
     group = points_on_line(0.5, 0.5)  # 2 training seconds per answer
-    assert learning_curve.hours_for(3600, group, answers_per_second=0.5) == pytest.approx(3600 * (2 + 2) / 3600)
+    assert learning_curve.hours_for(3600, group, answers_per_second=0.5) == pytest.approx(2 + 2)
+
+
+def test_a_given_training_rate_replaces_the_measured_one_in_the_predicted_hours():
+    group = points_on_line(0.5, 0.5)
+    assert learning_curve.hours_for(3600, group, 0.5, training_seconds_per_answer=1.0) == pytest.approx(2 + 1)
 
 
 def write_run(folder: Path, answers: int, acceptance: dict, tree_nodes=0, budget_extra=None) -> Path:
@@ -90,6 +95,7 @@ def test_a_drafter_record_without_its_answer_count_is_refused_in_one_line(tmp_pa
     (["--answers-per-second", "0"], "--answers-per-second must be > 0"),
     (["--answers-per-second", "1", "--aim", "1"], "--aim > 1"),
     (["missing.json", "--answers-per-second", "1"], "no such evaluate file: missing.json"),
+    (["--answers-per-second", "1", "--training-seconds-per-answer", "-1"], "--training-seconds-per-answer must be > 0"),
 ])
 def test_bad_arguments_are_refused_before_any_file_is_read(tmp_path, argv, message):
     evaluation = write_run(tmp_path, 100, {"humaneval": 1.1})
