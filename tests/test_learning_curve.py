@@ -71,7 +71,8 @@ def run_script(*argv) -> subprocess.CompletedProcess:
 def test_the_script_tables_each_measure_over_the_sizes_and_draws_the_curves(tmp_path):
     files = [write_run(tmp_path, n, {"humaneval": 1.0 + 0.5 * math.log10(n / 100), "mt_bench": 1.2}, tree_nodes=None)
              for n in (100, 1000)]
-    result = run_script(*files, "--answers-per-second", "1", "--aim", "2", "--plot", tmp_path / "curve.png")
+    result = run_script(*files, "--answers-per-second", "1", "--training-seconds-per-answer", "3", "--aim", "2",
+                        "--plot", tmp_path / "curve.png")
     assert result.returncode == 0, result.stderr
     rows = result.stdout.splitlines()
     assert rows[0] == "| measure | 100 answers | 1000 answers | fit | answers for 2 | hours |"
