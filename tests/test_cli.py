@@ -371,6 +371,22 @@ def test_evaluate_writes_the_acceptance_of_every_path_and_temperature(target, tr
     assert "| humaneval | 0 |" in printed
 
 
+def test_evaluate_drafts_every_cycle_so_it_counts_every_new_token(target, trained, tmp_path):
+    """The plain-decoding guard is off in `evaluate`: it would choose which cycles get measured (a weak drafter's few)."""
+    from dflash2_hf.measuring.evaluation import chat_inputs, evaluation_prompts
+    from dflash2_hf.presets import load_target
+
+    out = tmp_path / "acceptance.json"
+    run(["evaluate", str(trained / "drafter"), "--target", target, "--paths", "argmax", "--temperatures", "0",
+         "--prompts", "1", "--max-new-tokens", "12", "--out", str(out)])
+    model, tokenizer = load_target(target, dtype=torch.float32)
+    for result in json.loads(out.read_text())["results"]:
+        inputs = chat_inputs(tokenizer, result["benchmark"], evaluation_prompts()[result["benchmark"]][0])
+        plain = model.generate(inputs, max_new_tokens=12, do_sample=False)
+        first_from_the_prompts_forward = 1
+        assert result["new_tokens"] == plain.shape[1] - inputs.shape[1] - first_from_the_prompts_forward
+
+
 def test_evaluate_takes_the_tree_and_lookup_options_and_records_them(target, trained, tmp_path):
     out = tmp_path / "acceptance.json"
     run(["evaluate", str(trained / "drafter"), "--target", target, "--paths", "greedy", "--temperatures", "0",

@@ -24,8 +24,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register `dflash2-hf evaluate` and its options."""
     check = add_command(commands, "evaluate", "mean acceptance length on held-out HumanEval and MT-Bench prompts",
                         "Decode held-out HumanEval and MT-Bench prompts with a drafter and print a table of its mean "
-                        "acceptance length per benchmark, temperature and path (speed is `bench`'s job); --out also "
-                        "writes every figure and the command as JSON.")
+                        "acceptance length per benchmark, temperature and path, drafting at every cycle (speed is "
+                        "`bench`'s job); --out also writes every figure and the command as JSON.")
     models = check.add_argument_group("models")
     add_drafter_and_target(models)
     models.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="dtype of both models")

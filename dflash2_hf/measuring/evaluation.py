@@ -108,7 +108,10 @@ def measure_acceptance(
     dflash_kwargs: dict | None = None,
 ) -> list[AcceptanceResult]:
     """Generate on the first ``prompts_per_benchmark`` prompts of each benchmark with every path and temperature
-    (``dflash_kwargs``: more ``dflash_*`` options for every call, e.g. ``{"dflash_lookup_tokens": 8}``)."""
+    (``dflash_kwargs``: more ``dflash_*`` options for every call, e.g. ``{"dflash_lookup_tokens": 8}``). Every cycle
+    drafts: the plain-decoding guard, which speeds decoding up by skipping drafts that do not pay, would also choose
+    which cycles get measured (a weak drafter's few)."""
+    options = {"dflash_plain_fallback": False, **(dflash_kwargs or {})}
     results = []
     benchmarks = {name: prompts[:prompts_per_benchmark] for name, prompts in evaluation_prompts().items()}
     total = sum(len(p) for p in benchmarks.values()) * len(paths) * len(temperatures)
@@ -123,7 +126,7 @@ def measure_acceptance(
                         sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
                         output = target.generate(chat_inputs(tokenizer, benchmark, prompt), max_new_tokens=max_new_tokens,
                                                  assistant_model=drafter, dflash_path=path, return_dict_in_generate=True,
-                                                 **sampling, **(dflash_kwargs or {}))
+                                                 **sampling, **options)
                         lengths += output.dflash_stats.acceptance_lengths
                         verified += output.dflash_stats.verified_lengths
                         progress.update(1)
