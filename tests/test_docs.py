@@ -313,6 +313,34 @@ DOCUMENTED_COMMANDS = {
         "tests/test_cli.py::test_data_answers_the_chat_file_prompts_with_the_target",
     "python scripts/training_throughput.py --data DIR --records 40 --dtype bfloat16":
         "tests/test_scripts.py::test_training_throughput_script_times_features_and_steps_on_the_real_target",
+    # docs/training.md: the learning curve (the data commands as above on the tiny target; training with a feature
+    # store, 3 steps; evaluate with the tree options on 1 prompt; the script on two made-up drafters' records).
+    "dflash2-hf data --target smollm2-135m --out runs/curve-a --limit 300 --max-new-tokens 256":
+        "tests/test_cli.py::test_data_answers_the_chat_file_prompts_with_the_target",
+    "dflash2-hf data --target smollm2-135m --out runs/curve-b --exclude-data runs/curve-a --limit 300 "
+    "--max-new-tokens 256":
+        "tests/test_cli.py::test_data_exclude_data_answers_only_prompts_the_earlier_folder_lacks",
+    "dflash2-hf data --target smollm2-135m --out runs/curve-c --exclude-data runs/curve-a runs/curve-b --limit 600 "
+    "--max-new-tokens 256":
+        "tests/test_cli.py::test_data_exclude_data_answers_only_prompts_the_earlier_folder_lacks",
+    "dflash2-hf train --target smollm2-135m --data runs/curve-a --out runs/curve-300 --steps 150 --feature-store "
+    "runs/features":
+        "tests/test_cli.py::test_train_feature_store_keeps_the_features_where_asked_and_a_second_run_adds_none",
+    "dflash2-hf train --target smollm2-135m --data runs/curve-a runs/curve-b --out runs/curve-600 --steps 300 "
+    "--feature-store runs/features":
+        "tests/test_cli.py::test_train_feature_store_keeps_the_features_where_asked_and_a_second_run_adds_none",
+    "dflash2-hf train --target smollm2-135m --data runs/curve-a runs/curve-b runs/curve-c --out runs/curve-1200 "
+    "--steps 600 --feature-store runs/features":
+        "tests/test_cli.py::test_train_feature_store_keeps_the_features_where_asked_and_a_second_run_adds_none",
+    "dflash2-hf evaluate runs/curve-1200/drafter --prompts 4 --max-new-tokens 64 --temperatures 0 --paths argmax "
+    "greedy --tree-nodes 0 --lookup-tokens 0 --out runs/eval-1200-path.json":
+        "tests/test_cli.py::test_evaluate_takes_the_tree_and_lookup_options_and_records_them",
+    "dflash2-hf evaluate runs/curve-1200/drafter --prompts 4 --max-new-tokens 64 --temperatures 0 --paths greedy "
+    "--tree-nodes 8 --lookup-tokens 8 --out runs/eval-1200-tree.json":
+        "tests/test_cli.py::test_evaluate_takes_the_tree_and_lookup_options_and_records_them",
+    "python scripts/learning_curve.py runs/eval-*.json --answers-per-second 0.89 --training-seconds-per-answer 1.06 "
+    "--aim 3.5 --plot docs/images/smollm2-135m-learning-curve.png":
+        "tests/test_learning_curve.py::test_the_script_tables_each_measure_over_the_sizes_and_draws_the_curves",
     # docs/training.md: the one-command GPU recipe, run on the CPU with a tiny target and sizes.
     "scripts/train_on_device.sh runs/gpu":
         "tests/test_scripts.py::test_train_on_device_recipe_makes_data_trains_and_exports_a_drafter_at_a_tiny_size",

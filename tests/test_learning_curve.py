@@ -65,7 +65,8 @@ def write_run(folder: Path, answers: int, acceptance: dict, tree_nodes=0, budget
 
 
 def run_script(*argv) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, argv)], capture_output=True, text=True, timeout=120)
+    command = [sys.executable, str(ROOT / "scripts" / "learning_curve.py"), *map(str, argv)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
 def test_the_script_tables_each_measure_over_the_sizes_and_draws_the_curves(tmp_path):
