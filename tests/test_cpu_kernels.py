@@ -382,3 +382,67 @@ def test_a_drafter_running_under_autocast_decodes_packed_as_it_does_unpacked():
     settings = dict(max_new_tokens=16, do_sample=False, assistant_model=drafter)
     assert torch.equal(target.generate(PROMPT, **settings), target.generate(PROMPT, dflash_packed_linears=False,
                                                                             **settings))
+
+
+def drafter_packed_during_calls(target, drafter, calls: int = 1) -> list[tuple[bool, torch.dtype]]:
+    """Whether the drafter the decoder drafts with ran packed, and in which dtype, at each of its forwards during
+    ``calls`` drafted greedy generations (each checked against plain decoding's tokens)."""
+    from dflash2_hf.cpu.kernels import linears_packed
+    from dflash2_hf.modeling import DFlashDraftModel
+
+    seen = []
+    original = DFlashDraftModel.forward
+
+    def watched(self, *args, **kwargs):
+        seen.append((linears_packed(self), self.dtype))
+        return original(self, *args, **kwargs)
+
+    DFlashDraftModel.forward = watched
+    try:
+        for _ in range(calls):
+            out = target.generate(PROMPT, max_new_tokens=16, do_sample=False, assistant_model=drafter)
+    finally:
+        DFlashDraftModel.forward = original
+    assert torch.equal(out, target.generate(PROMPT, max_new_tokens=16, do_sample=False)), "plain decoding's tokens"
+    return seen
+
+
+@needs_onednn_float32
+def test_a_bf16_drafter_next_to_a_float32_target_drafts_packed_in_float32_and_stays_as_it_was():
+    # from_pretrained loads the shipped drafter in bf16, its saved dtype; the README's three lines pass it as it is
+    from dflash2_hf.cpu.kernels import linears_packed
+
+    target, drafter = tiny_target("qwen3", seed=1), tiny_drafter("dflash2", seed=4).to(torch.bfloat16)
+    before = {name: weight.clone() for name, weight in drafter.state_dict().items()}
+    seen = drafter_packed_during_calls(target, drafter)
+    assert seen and all(seen_packed and dtype == torch.float32 for seen_packed, dtype in seen)
+    assert drafter.dtype == torch.bfloat16 and not linears_packed(drafter)
+    assert all(torch.equal(weight, before[name]) for name, weight in drafter.state_dict().items())
+
+
+@needs_onednn_float32
+def test_the_float32_copy_of_a_drafter_is_made_once_and_remade_when_its_weights_change():
+    import gc
+
+    from dflash2_hf.cpu.kernels import DRAFTER_COPIES, drafter_for_the_call
+
+    target, drafter = tiny_target("qwen3", seed=1), tiny_drafter("dflash2", seed=4).to(torch.bfloat16)
+    first = drafter_for_the_call(target, drafter, True)
+    assert first is not drafter and first.dtype == torch.float32
+    assert drafter_for_the_call(target, drafter, True) is first, "reused by later calls"
+    with torch.no_grad():
+        next(drafter.parameters()).mul_(2)
+    second = drafter_for_the_call(target, drafter, True)
+    assert second is not first and torch.equal(next(second.parameters()), next(drafter.parameters()).float())
+    count = len(DRAFTER_COPIES)
+    del drafter, first, second
+    gc.collect()
+    assert len(DRAFTER_COPIES) == count - 1, "dropped with the drafter"
+
+
+@pytest.mark.parametrize(("drafter_dtype", "wanted"), [(torch.float32, True), (torch.bfloat16, False)])
+def test_a_drafter_is_used_as_it_is_where_no_copy_would_let_both_models_run_packed(drafter_dtype, wanted):
+    from dflash2_hf.cpu.kernels import drafter_for_the_call
+
+    target, drafter = tiny_target("qwen3", seed=1), tiny_drafter("dflash2", seed=4).to(drafter_dtype)
+    assert drafter_for_the_call(target, drafter, wanted) is drafter

@@ -26,6 +26,7 @@ until :meth:`PackedLinears.enable` runs again (it repacks every weight that chan
 
 from __future__ import annotations
 
+import copy
 import os
 import platform
 import weakref
@@ -218,22 +219,46 @@ def linears_packed(model: nn.Module) -> bool:
 PACKED_WEIGHTS: weakref.WeakKeyDictionary[nn.Linear, tuple[int, torch.Tensor]] = weakref.WeakKeyDictionary()
 
 
+def _packing_applies(target: nn.Module, wanted: bool) -> bool:
+    """Whether a ``generate`` call packs the target's linears: asked for, on the CPU in a packable dtype this CPU
+    packs exactly (bf16 only where a block's rows round as single rows), and not packed already."""
+    dtype = target.dtype
+    return (wanted and target.device.type == "cpu" and dtype in PACKED_DTYPES and packed_linears_supported(dtype)
+            and not (dtype == torch.bfloat16 and not bf16_rows_independent()) and not linears_packed(target))
+
+
 def packed_for_the_call(target: nn.Module, drafter: nn.Module, wanted: bool) -> AbstractContextManager:
     """What a ``generate`` call with a drafter runs under: every linear of both models on packed oneDNN weights
     (:class:`PackedLinears`) where that is the faster exact setting (``wanted``, both models on the CPU in float32,
     or in bf16 where packing changes no result, not packed already), else nothing. The layers get their own forward
     back when the call ends, so the models compute outside it as they did."""
-    if not wanted or target.device.type != "cpu" or linears_packed(target) or linears_packed(drafter):
-        return nullcontext()
-    dtypes = {target.dtype, drafter.dtype}
-    if len(dtypes) != 1 or not dtypes <= set(PACKED_DTYPES) or not packed_linears_supported(target.dtype):
-        return nullcontext()
-    if target.dtype == torch.bfloat16 and not bf16_rows_independent():  # packed blocks would round otherwise
+    if not _packing_applies(target, wanted) or linears_packed(drafter) or drafter.dtype != target.dtype:
         return nullcontext()
     try:
         return PackedLinears(target, drafter)
     except ValueError:  # a layer of another dtype or device: the models run as they are
         return nullcontext()
+
+
+#: The drafter copies :func:`drafter_for_the_call` made, by the user's drafter: (what the copy was made from, the
+#: copy); remade when the drafter's weights change, dropped with the drafter (a weak key).
+DRAFTER_COPIES: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, nn.Module]] = weakref.WeakKeyDictionary()
+
+
+def drafter_for_the_call(target: nn.Module, drafter: nn.Module, wanted: bool) -> nn.Module:
+    """The drafter a ``generate`` call drafts with: the user's own, or, where only its dtype keeps the two models off
+    packed weights (a drafter saved in bf16, as ``from_pretrained`` loads it, next to a float32 target), a copy in
+    the target's dtype. The copy is made once and reused by later calls while the drafter's weights are unchanged,
+    so the user's drafter computes outside the call as it did and a long-lived process holds one copy. Drafting in
+    another dtype changes what is proposed, never what is emitted (verification is exact for any proposal)."""
+    if drafter.dtype == target.dtype or hasattr(drafter, "peft_config") or not _packing_applies(target, wanted):
+        return drafter
+    made_from = (target.dtype, tuple((weight.data_ptr(), weight._version) for weight in drafter.parameters()))
+    cached = DRAFTER_COPIES.get(drafter)
+    if cached is None or cached[0] != made_from:
+        cached = (made_from, copy.deepcopy(drafter).to(target.dtype))
+        DRAFTER_COPIES[drafter] = cached
+    return cached[1]
 
 
 class PackedLinears:

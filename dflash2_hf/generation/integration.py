@@ -31,7 +31,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, St
 from transformers.generation.utils import GENERATION_MODES_MAPPING, GenerationMixin, GenerationMode
 
 from ..cpu.grouped_attention import grouped_attention
-from ..cpu.kernels import bf16_rows_independent, native_bf16_matmuls, packed_for_the_call
+from ..cpu.kernels import bf16_rows_independent, drafter_for_the_call, native_bf16_matmuls, packed_for_the_call
 from ..modeling import DFlashDraftModel
 from .config import DraftOptions, check_generation_arguments
 from .loop import DFlashDecoder
@@ -133,9 +133,11 @@ def decode(
     check_request(target, drafter, input_ids, generation_config, model_kwargs)
     draft_options = DraftOptions.for_drafter(drafter, target=target, **{
         OPTION_KWARGS[name]: value for name, value in options.items()})
-    # verification forwards share the key/value heads instead of copying them; linears run on packed weights
-    with grouped_attention(target), packed_for_the_call(target, drafter, draft_options.packed_linears):
-        decoder = DFlashDecoder(target, drafter, draft_options, generation_config, logits_processor,
+    # verification forwards share the key/value heads instead of copying them; linears run on packed weights, the
+    # drafter's in the target's dtype
+    drafting = drafter_for_the_call(target, drafter, draft_options.packed_linears)
+    with grouped_attention(target), packed_for_the_call(target, drafting, draft_options.packed_linears):
+        decoder = DFlashDecoder(target, drafting, draft_options, generation_config, logits_processor,
                                 stopping_criteria, streamer, decoding_cache(model_kwargs["cache"], target))
         sequence = decoder.run(input_ids)
     drafter.last_generation_stats = decoder.stats
