@@ -28,6 +28,7 @@ and :func:`cycle_cost_for` caches the measurement per machine, model pair, dtype
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -35,7 +36,6 @@ import math
 import operator
 import os
 import platform
-import statistics
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -51,6 +51,8 @@ from ..modeling import DFlashDraftModel
 from .timing import device_seconds
 
 MEASURED_LENGTHS = (1, 2, 4, 8, 16, 32)
+#: How the cost is measured; part of the cache key, so costs measured another way are measured again.
+MEASUREMENT = "fastest of rounds"
 
 
 @dataclass(frozen=True)
@@ -140,23 +142,27 @@ def interpolate(measured: dict[int, float], up_to: int) -> tuple[float, ...]:
     return tuple(values)
 
 
-def _median_seconds(action, repeats: int, device: torch.device) -> float:
-    samples = []
-    for _ in range(repeats):
-        started = device_seconds(device)
-        action()
-        samples.append(device_seconds(device) - started)
-    return statistics.median(samples)
+def _fastest_seconds(actions: dict, rounds: int, device: torch.device) -> dict:
+    """The fastest of ``rounds`` timings of each action, the actions taken in turn round by round. The cost is measured
+    once and kept, so it must not record a moment of load: a burst from another process slows one round of every
+    action alike, not every timing of one, and the fastest timing of each is the one such a burst disturbed least."""
+    fastest = dict.fromkeys(actions, math.inf)
+    for _ in range(rounds):
+        for name, action in actions.items():
+            started = device_seconds(device)
+            action()
+            fastest[name] = min(fastest[name], device_seconds(device) - started)
+    return fastest
 
 
 @torch.no_grad()
 def measure_cycle_cost(
-    target: torch.nn.Module, drafter: DFlashDraftModel, block_size: int, context_tokens: int = 128, repeats: int = 3,
+    target: torch.nn.Module, drafter: DFlashDraftModel, block_size: int, context_tokens: int = 128, repeats: int = 5,
     longest_forward: int | None = None,
 ) -> CycleCost:
     """Time, on this machine, the target's forward over 1 .. ``longest_forward`` (default ``block_size``) new tokens
     after ``context_tokens`` cached ones (a few lengths measured, the rest interpolated) and one draft + path selection
-    of a block.
+    of a block: the fastest of ``repeats`` rounds of each.
 
     Uses a fixed pseudo-random prompt; every forward runs once untimed first, so one-off work is not counted.
     """
@@ -177,11 +183,6 @@ def measure_cycle_cost(
                output_hidden_states=block.hidden_state_indices)
         cache.crop(-length)
 
-    measured = {}
-    for length in tuple(n for n in MEASURED_LENGTHS if n < longest) + (longest,):
-        verify(length)
-        measured[length] = _median_seconds(lambda: verify(length), repeats, device)
-
     context = block.context_features(prefill.hidden_states, context_tokens)
     anchor, anchor_position = int(prompt[0, context_tokens]), context_tokens
 
@@ -190,9 +191,14 @@ def measure_cycle_cost(
         block.score(lattice, hidden)
         block.cache.crop(-context_tokens)  # forget the context again so each repeat drafts the same block
 
-    draft()
-    fixed = _median_seconds(draft, repeats, device)
-    return CycleCost(fixed_seconds=fixed, verify_seconds=interpolate(measured, longest))
+    actions = {length: functools.partial(verify, length)
+               for length in tuple(n for n in MEASURED_LENGTHS if n < longest) + (longest,)}
+    actions["draft"] = draft
+    for action in actions.values():
+        action()
+    seconds = _fastest_seconds(actions, repeats, device)
+    fixed = seconds.pop("draft")
+    return CycleCost(fixed_seconds=fixed, verify_seconds=interpolate(seconds, longest))
 
 
 def cost_cache_folder() -> Path:
@@ -208,7 +214,7 @@ def _cost_key(target: torch.nn.Module, drafter: DFlashDraftModel, block_size: in
     torch, both models' configs and dtypes, whether their linears run packed and which attention the target runs."""
     parts = [
         platform.node(), platform.processor(), platform.machine(), str(os.cpu_count()), cpu_description(),
-        torch.__version__, str(target.device), str(target.dtype), str(drafter.dtype), str(block_size),
+        MEASUREMENT, torch.__version__, str(target.device), str(target.dtype), str(drafter.dtype), str(block_size),
         str(longest_forward), f"packed {linears_packed(target)} {linears_packed(drafter)}",
         str(target.config._attn_implementation),
         target.config.to_json_string(use_diff=False), drafter.config.to_json_string(use_diff=False),
