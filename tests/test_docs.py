@@ -262,6 +262,10 @@ DOCUMENTED_COMMANDS = {
     "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 6 --temperatures 0 1 --max-new-tokens 128 "
     "--dtype float32 --threads 2 --paths argmax --out docs/results/epyc-zen3-fp32-default":
         "tests/test_cli.py::test_bench_packed_float32_linears_run_the_default_and_every_method_also_packed",
+    # docs/results.md: the same on an AMD EPYC (Zen 4) with AVX512-BF16, after the robust cycle-cost timing
+    "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 6 --temperatures 0 1 --max-new-tokens 128 "
+    "--dtype float32 --threads 2 --paths argmax --out docs/results/epyc-zen4-fp32-default":
+        "tests/test_cli.py::test_bench_packed_float32_linears_run_the_default_and_every_method_also_packed",
     # docs/results.md: the current runs on an AMD EPYC (Zen 4) with AVX512-BF16, float32 weights packed for oneDNN (all
     # three sources, and HumanEval with the kernels held to AVX2); the tiny target, fp32 packed twins.
     "dflash2-hf bench --prompts humaneval mtbench sharegpt --per-source 3 --temperatures 0 --max-new-tokens 128 "
