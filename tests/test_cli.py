@@ -584,8 +584,45 @@ def test_bench_lookup_ngrams_run_each_lookup_branch_once_per_longest_matched_suf
     (["--tree-nodes", "8", "--lookup-tokens", "16", "--lookup-ngrams", "0"], "--lookup-ngrams must be >= 1"),
 ])
 def test_bench_lookup_ngrams_without_a_lookup_branch_or_below_one_are_refused_before_loading(tmp_path, options, message):
-    message = refusal(["bench", "--target", str(tmp_path / "no-such-model"), *options, "--out", str(tmp_path)])
-    assert re.search(message, message)
+    refused = refusal(["bench", "--target", str(tmp_path / "no-such-model"), *options, "--out", str(tmp_path)])
+    assert re.search(message, refused)
+
+
+def test_bench_runs_several_drafters_side_by_side_each_method_named_by_its_run(target, trained, tmp_path):
+    other = tmp_path / "other-run" / "drafter"
+    shutil.copytree(trained / "drafter", other)
+    report = bench_once("--target", target, "--drafter", str(trained / "drafter"), str(other), "--paths", "argmax",
+                        "--dtype", "float32", "--out", str(tmp_path / "report"))
+    rows = {row["method"]: row for row in report["summary"]}
+    for label in (trained.name, "other-run"):
+        assert {f"dflash2 default ({label})", f"transformers dflash ({label})", f"dflash2 argmax ({label})"} <= set(rows)
+        assert report["settings"]["drafters"][label]["parameters"] > 0
+    assert "dflash2 default" not in rows and rows["plain"]["runs"] == 1, "plain decoding runs once, for both"
+    assert rows[f"dflash2 argmax ({trained.name})"]["same_tokens_as_plain"] == 1
+    assert rows["dflash2 argmax (other-run)"]["mean_acceptance_length"] == rows[
+        f"dflash2 argmax ({trained.name})"]["mean_acceptance_length"], "the same weights accept alike"
+
+
+@pytest.mark.parametrize(("folders", "labels"), [
+    (["runs/a/drafter", "runs/b/drafter"], ["a", "b"]),  # train's RUN/drafter: the run names it
+    (["shipped/smollm2-135m", "runs/curve/drafter"], ["smollm2-135m", "curve"]),
+    (["x/same/drafter", "y/same/drafter"], ["x/same", "y/same"]),  # as many parts as tell them apart
+])
+def test_bench_names_each_of_several_drafters_by_the_fewest_path_parts_that_tell_them_apart(folders, labels):
+    from dflash2_hf.cli.bench import drafter_labels
+
+    assert drafter_labels(folders) == labels
+
+
+@pytest.mark.parametrize(("drafters", "extra", "message"), [
+    (["DRAFTER", "DRAFTER/../drafter"], [], "--drafter names the same folder twice"),
+    (["DRAFTER", "shipped"], [], "No drafter ships for"),  # the tiny target is no preset
+    (["DRAFTER", "NOWHERE"], ["--reference-venv", "venv"], "--reference-venv drafts with one drafter"),
+])
+def test_bench_refuses_bad_drafter_lists_before_loading(target, trained, tmp_path, drafters, extra, message):
+    folders = [d.replace("DRAFTER", str(trained / "drafter")).replace("NOWHERE", str(tmp_path)) for d in drafters]
+    refused = refusal(["bench", "--target", target, "--drafter", *folders, *extra, "--out", str(tmp_path / "r")])
+    assert message in refused
 
 
 def test_kernel_flags_without_a_dtype_are_refused_since_auto_chooses_them(tmp_path):

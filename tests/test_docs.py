@@ -242,6 +242,10 @@ DOCUMENTED_COMMANDS = {
     "dflash2-hf export DRAFTER_FOLDER OUT_FOLDER":
         "tests/test_cli.py::test_export_puts_the_base_model_and_the_bench_results_in_the_card",
     "dflash2-hf bench": "tests/test_cli.py::test_bench_reports_every_method_at_every_temperature",
+    # docs/training.md: a trained drafter next to the shipped one in one bench (1 prompt, 16 tokens, a copy of it).
+    "dflash2-hf bench --drafter shipped runs/curve-3000/drafter --prompts humaneval mtbench --per-source 8 "
+    "--temperatures 0 1 --paths argmax --out runs/bench-drafters":
+        "tests/test_shipped_drafter.py::test_bench_compares_the_shipped_drafter_with_another_in_one_run",
     # docs/results.md: the cycle profile and the linear-kernel probe on the real SmolLM2 and shipped drafter (slow),
     # 16 new tokens instead of 128.
     "python scripts/profile_cycle.py --out docs/results/profile-smollm2-135m-fp32.json":

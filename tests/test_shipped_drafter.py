@@ -77,3 +77,27 @@ def test_the_exported_shipped_drafter_decodes_through_transformers_custom_genera
                               dflash_plain_fallback=False)  # one whole path every cycle, whatever this machine's speed
     assert torch.equal(drafted.sequences, plain)
     assert drafted.dflash_stats.mean_acceptance_length > 1.2, "the export's trained drafter drafted"
+
+
+def test_bench_compares_the_shipped_drafter_with_another_in_one_run(tmp_path, capsys):
+    """docs/training.md's side-by-side bench (here 1 HumanEval prompt, 16 new tokens): `shipped` names the preset's
+    drafter; a copy of it elsewhere runs next to it, the same plain decoding the unit of both."""
+    import json
+    import shutil
+
+    copy = tmp_path / "copy-run" / "drafter"
+    shutil.copytree(default_drafter_folder("smollm2-135m"), copy)
+    threads = torch.get_num_threads()
+    try:
+        main(["bench", "--drafter", "shipped", str(copy), "--prompts", "humaneval", "--per-source", "1",
+              "--temperatures", "0", "--max-new-tokens", "16", "--threads", "2", "--paths", "argmax",
+              "--out", str(tmp_path / "report")])
+    finally:
+        torch.set_num_threads(threads)
+    report = json.loads((tmp_path / "report" / "results.json").read_text())
+    rows = {row["method"]: row for row in report["summary"]}
+    shipped, copied = rows["dflash2 argmax (smollm2-135m)"], rows["dflash2 argmax (copy-run)"]
+    assert shipped["same_tokens_as_plain"] == copied["same_tokens_as_plain"] == 1
+    assert shipped["mean_acceptance_length"] == copied["mean_acceptance_length"] > 1
+    assert set(report["settings"]["drafters"]) == {"smollm2-135m", "copy-run"}
+    assert "Drafter copy-run:" in capsys.readouterr().out

@@ -25,6 +25,9 @@ from .checks import (
 from .parsers import add_command, add_cpu_kernel_options, add_target
 
 
+SHIPPED = "shipped"  # --drafter's name for the drafter shipped for the preset target
+
+
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register `dflash2-hf bench` and its options, in groups."""
     measure = add_command(commands, "bench", "benchmark every decoding method side by side",
@@ -35,7 +38,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                           "results.md and plots to --out.")
     models = measure.add_argument_group("models")
     add_target(models)
-    models.add_argument("--drafter", help="drafter folder (default: the one shipped for the preset)")
+    models.add_argument("--drafter", nargs="+",
+                        help="drafter folder, or `shipped` for the one shipped for the preset (the default); "
+                             "several run side by side, each method's name ending in its folder's name")
     models.add_argument("--assistant", help="a small draft LM (preset or folder) for classic assisted generation")
     models.add_argument("--no-drafter", action="store_true",
                         help="leave our drafter out (e.g. a target without a drafter yet, with --assistant)")
@@ -109,11 +114,40 @@ def check_bench_arguments(args: argparse.Namespace) -> None:
     if args.assistant:
         check_target_argument(command, "--assistant", args.assistant)
     if not args.no_drafter:
-        block_size = drafter_config(command, "--drafter", args.drafter, args.target).block_size
+        check_drafters(args)
+
+
+def check_drafters(args: argparse.Namespace) -> None:
+    """Each ``--drafter`` folder holds a drafter whose block fits every ``--block-sizes``; none is given twice, and
+    the reference peer (which drafts with one drafter) is not asked for next to several."""
+    folders = [None if folder == SHIPPED else folder for folder in args.drafter or [SHIPPED]]
+    resolved = [Path(folder).resolve() if folder else None for folder in folders]
+    if len(set(resolved)) < len(resolved):
+        raise SystemExit("dflash2-hf bench: --drafter names the same folder twice.")
+    if len(folders) > 1 and args.reference_venv:
+        raise SystemExit("dflash2-hf bench: --reference-venv drafts with one drafter; give one --drafter.")
+    for folder in folders:
+        block_size = drafter_config("dflash2-hf bench", "--drafter", folder, args.target).block_size
         for size in args.block_sizes or []:
             if not 2 <= size <= block_size:
                 raise SystemExit(f"dflash2-hf bench: --block-sizes must be between 2 and the drafter's {block_size} "
                                  f"(tokens per block, the anchor included), got {size}.")
+
+
+def drafter_labels(folders: list[Path]) -> list[str]:
+    """A short name per drafter folder: the fewest trailing path parts that tell the folders apart, a last part
+    ``drafter`` left out (`train` writes ``RUN/drafter``, so the run names it): ``runs/a/drafter`` and
+    ``runs/b/drafter`` -> ``a``, ``b``."""
+    parts = [_without_drafter(Path(folder).resolve().parts) for folder in folders]
+    for depth in range(1, max(len(p) for p in parts) + 1):
+        labels = ["/".join(p[-depth:]) for p in parts]
+        if len(set(labels)) == len(labels):
+            return labels
+    return [str(folder) for folder in folders]
+
+
+def _without_drafter(parts: tuple[str, ...]) -> tuple[str, ...]:
+    return parts[:-1] if len(parts) > 1 and parts[-1] == "drafter" else parts
 
 
 def start_peers(args: argparse.Namespace, stack, drafter_folder, dtype: torch.dtype, settings: dict) -> list:
@@ -143,8 +177,7 @@ def bench(args: argparse.Namespace) -> None:
     """Every decoding method side by side on held-out prompts; writes results.json, results.md and plots."""
     from contextlib import ExitStack
 
-    from ..cost.cycle_cost import cycle_cost_for
-    from ..measuring.benchmark import Benchmark, standard_methods, with_packed_linears, write_report
+    from ..measuring.benchmark import Benchmark, baseline_methods, with_packed_linears, write_report
     from ..measuring.evaluation import benchmark_prompts
     from ..measuring.llama_cpp_peer import LlamaCppError
     from ..measuring.reference_peer import ReferencePeerError
@@ -153,41 +186,72 @@ def bench(args: argparse.Namespace) -> None:
     check_bench_arguments(args)
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    drafter_folder = None if args.no_drafter else args.drafter or default_drafter_folder(args.target)
-    if args.reference_venv and drafter_folder is None:
+    folders = [] if args.no_drafter else [default_drafter_folder(args.target) if folder == SHIPPED else Path(folder)
+                                          for folder in args.drafter or [SHIPPED]]
+    if args.reference_venv and not folders:
         raise SystemExit("dflash2-hf bench: the reference peer drafts with our drafter; drop --no-drafter.")
-    settings = {"target": args.target, "drafter": drafter_folder and str(drafter_folder),
+    named = [str(folder) for folder in folders]
+    settings = {"target": args.target, "drafter": named[0] if len(named) == 1 else named or None,
                 "block_sizes": args.block_sizes, "tree_nodes": args.tree_nodes, "lookup_tokens": args.lookup_tokens,
                 "lookup_ngrams": args.lookup_ngrams, "dtype": args.dtype, "threads": args.threads,
                 "max_new_tokens": args.max_new_tokens, "prompts": args.prompts, "per_source": args.per_source,
                 "packed_linears": args.packed_linears, "exact_attention": args.exact_attention}
     try:
         with ExitStack() as stack:
-            peers = start_peers(args, stack, drafter_folder, dtype, settings)
+            peers = start_peers(args, stack, folders[0] if folders else None, dtype, settings)
             target, tokenizer = load_target(args.target, dtype=dtype)
             if args.exact_attention:  # every method's target, plain decoding included
                 ExactAttention(target).enable()
-            drafter = DFlashDraftModel.from_pretrained(drafter_folder, dtype=dtype).eval() if drafter_folder else None
-            if drafter is not None:  # the selector's overhead in parameters, next to its share of the cycle time
-                described = describe_drafter(drafter_folder)
-                settings |= {"drafter_parameters": described["parameters"],
-                             "selector_parameters": described["selector_parameters"]}
+            drafters = load_drafters(folders, dtype, settings)
             assistant = load_target(args.assistant, dtype=dtype)[0] if args.assistant else None
             prompts = benchmark_prompts(tokenizer, args.prompts, args.per_source)
-            cycle_cost = None
-            if args.adaptive_block and drafter is not None:  # measured (or read) before any timed run
-                cycle_cost = cycle_cost_for(target, drafter, drafter.config.block_size,
-                                            longest_forward=max(args.tree_nodes or [0]) + max(args.lookup_tokens or [0])
-                                            + 1)
-                settings["cycle_cost"] = cycle_cost.to_json()
-            methods = standard_methods(drafter, args.paths, assistant, block_sizes=args.block_sizes,
-                                       cycle_cost=cycle_cost, tree_nodes=args.tree_nodes,
-                                       lookup_tokens=args.lookup_tokens, lookup_ngrams=args.lookup_ngrams)
+            methods = baseline_methods(assistant) + drafted_methods(args, target, drafters, settings)
             if args.packed_linears:
-                methods = with_packed_linears(methods, PackedLinears(*(m for m in (target, drafter, assistant) if m)))
+                models = [target, *drafters.values(), *([assistant] if assistant else [])]
+                methods = with_packed_linears(methods, PackedLinears(*models))
             methods += peers
             runs = Benchmark(target, methods, max_new_tokens=args.max_new_tokens).run(prompts, args.temperatures)
     except (ReferencePeerError, LlamaCppError) as error:
         raise SystemExit(f"dflash2-hf bench: {error}") from None
     write_report(runs, args.out, args.command_line, settings)
     print((Path(args.out) / "results.md").read_text())
+
+
+def load_drafters(folders: list[Path], dtype: torch.dtype, settings: dict) -> dict[str, DFlashDraftModel]:
+    """Each drafter by its label (no label for a lone one); their sizes go into ``settings`` (the selector's overhead
+    in parameters, next to its share of the cycle time): flat for one drafter, by label for several."""
+    labels = drafter_labels(folders) if len(folders) > 1 else [""] * len(folders)
+    drafters, sizes = {}, {}
+    for label, folder in zip(labels, folders):
+        drafters[label] = DFlashDraftModel.from_pretrained(folder, dtype=dtype).eval()
+        described = describe_drafter(folder)
+        sizes[label] = {"parameters": described["parameters"], "selector_parameters": described["selector_parameters"]}
+    if len(folders) == 1:
+        settings |= {"drafter_parameters": sizes[""]["parameters"],
+                     "selector_parameters": sizes[""]["selector_parameters"]}
+    elif folders:
+        settings["drafters"] = {label: {"folder": str(folder), **sizes[label]}
+                                for label, folder in zip(labels, folders)}
+    return drafters
+
+
+def drafted_methods(args: argparse.Namespace, target, drafters: dict[str, DFlashDraftModel], settings: dict) -> list:
+    """Every drafter's methods (:func:`~dflash2_hf.measuring.benchmark.drafter_methods`), each named with its label;
+    with ``--adaptive-block`` each drafter's cycle cost is measured (or read) first, before any timed run."""
+    from ..cost.cycle_cost import cycle_cost_for
+    from ..measuring.benchmark import drafter_methods
+
+    methods = []
+    for label, drafter in drafters.items():
+        cycle_cost = None
+        if args.adaptive_block:
+            longest = max(args.tree_nodes or [0]) + max(args.lookup_tokens or [0]) + 1
+            cycle_cost = cycle_cost_for(target, drafter, drafter.config.block_size, longest_forward=longest)
+            if label:
+                settings.setdefault("cycle_costs", {})[label] = cycle_cost.to_json()
+            else:
+                settings["cycle_cost"] = cycle_cost.to_json()
+        methods += drafter_methods(drafter, args.paths, label=label, block_sizes=args.block_sizes,
+                                   cycle_cost=cycle_cost, tree_nodes=args.tree_nodes,
+                                   lookup_tokens=args.lookup_tokens, lookup_ngrams=args.lookup_ngrams)
+    return methods

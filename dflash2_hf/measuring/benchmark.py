@@ -80,52 +80,72 @@ def with_packed_linears(methods: list[Method], linears: PackedLinears) -> list[M
 
 
 def standard_methods(
-    drafter, paths=("argmax",) + SELECTOR_PATHS, assistant=None, prompt_lookup: int = 10,
-    block_sizes: list[int] | None = None, cycle_cost=None, tree_nodes: list[int] | None = None,
-    lookup_tokens: list[int] | None = None, lookup_ngrams: list[int] | None = None,
+    drafter, paths=("argmax",) + SELECTOR_PATHS, assistant=None, prompt_lookup: int = 10, **drafting,
 ) -> list[Method]:
-    """Plain decoding, prompt lookup, ours as the drafter's defaults set it up (``dflash2 default``: what ``generate``
-    does with no option, the fallback to plain decoding included), transformers' built-in DFlash on our drafter, ours
-    per path (drafting every cycle, one whole path each, even for a drafter whose config defaults to a tree; per
-    verified block size when several are given: names end in ``b<size>``), and classic assisted generation when a
-    small draft LM is given. With a ``cycle_cost`` (:class:`~dflash2_hf.cost.cycle_cost.CycleCost`), each of ours also
-    runs with the cost-aware block length (names end in ``adaptive``), and with ``tree_nodes`` once per token-tree
-    size (names end in ``tree<N>``; with a cost also cost-sized: ``tree<N> adaptive``; with ``lookup_tokens``, each
-    tree also with a context-lookup branch of up to ``L`` tokens: ``tree<N> lookup<L>``, and with ``lookup_ngrams``
-    once per longest matched suffix: ``tree<N> lookup<L> ngram<M>``)."""
+    """:func:`baseline_methods`, then :func:`drafter_methods` of ``drafter`` (none without one); ``drafting`` holds
+    the latter's size options."""
+    drafted = drafter_methods(drafter, paths, **drafting) if drafter is not None else []
+    return baseline_methods(assistant, prompt_lookup) + drafted
+
+
+def baseline_methods(assistant=None, prompt_lookup: int = 10) -> list[Method]:
+    """The methods that need no drafter of ours: plain decoding, prompt lookup and, when a small draft LM is given,
+    classic assisted generation."""
     methods = [Method("plain"), Method("prompt lookup", {"prompt_lookup_num_tokens": prompt_lookup})]
-    if drafter is not None:  # what `generate(assistant_model=drafter)` does with no option given
-        methods.append(Method("dflash2 default", {"assistant_model": drafter, "dflash_path": None,
-                                                  "dflash_record_drafts": True}))
     if assistant is not None:
         methods.append(Method("assisted (draft LM)", {"assistant_model": assistant}))
-    if drafter is not None:
-        methods.append(Method("transformers dflash", {"assistant_model": drafter, "speculation_type": "dflash"}))
-        sizes = block_sizes or [None]
-        for path in (p for p in paths if p == "argmax" or drafter.config.is_dflash2):
-            for size in sizes:
-                kwargs = {"assistant_model": drafter, "dflash_path": path, "dflash_record_drafts": True,
-                          "dflash_tree_nodes": 0,  # one whole path, whatever the drafter's default mode
-                          "dflash_plain_fallback": False}  # drafting every cycle: the mode as named
-                if size is not None:
-                    kwargs["dflash_block_size"] = size
-                suffix = f" b{size}" if len(sizes) > 1 else ""
-                methods.append(Method(f"dflash2 {path}{suffix}", kwargs))
-                if cycle_cost is not None:
-                    methods.append(Method(f"dflash2 {path}{suffix} adaptive", kwargs | {"dflash_adaptive_block": cycle_cost}))
-                for nodes in tree_nodes or []:
-                    tree = kwargs | {"dflash_tree_nodes": nodes, "dflash_lookup_tokens": 0}
-                    methods.append(Method(f"dflash2 {path}{suffix} tree{nodes}", tree))
-                    for length in lookup_tokens or []:
-                        lookup = tree | {"dflash_lookup_tokens": length}
-                        name = f"dflash2 {path}{suffix} tree{nodes} lookup{length}"
-                        if not lookup_ngrams:
-                            methods.append(Method(name, lookup))
-                        for ngram in lookup_ngrams or []:
-                            methods.append(Method(f"{name} ngram{ngram}", lookup | {"max_matching_ngram_size": ngram}))
-                    if cycle_cost is not None:
-                        methods.append(Method(f"dflash2 {path}{suffix} tree{nodes} adaptive",
-                                              tree | {"dflash_adaptive_block": cycle_cost}))
+    return methods
+
+
+def drafter_methods(
+    drafter, paths=("argmax",) + SELECTOR_PATHS, label: str = "", block_sizes: list[int] | None = None,
+    cycle_cost=None, tree_nodes: list[int] | None = None, lookup_tokens: list[int] | None = None,
+    lookup_ngrams: list[int] | None = None,
+) -> list[Method]:
+    """Ours as the drafter's defaults set it up (``dflash2 default``: what ``generate(assistant_model=drafter)`` does
+    with no option, the fallback to plain decoding included), transformers' built-in DFlash on the drafter, and ours
+    per path (drafting every cycle, one whole path each, even for a drafter whose config defaults to a tree; per
+    verified block size when several are given: names end in ``b<size>``). With a ``cycle_cost``
+    (:class:`~dflash2_hf.cost.cycle_cost.CycleCost`), each path also runs with the cost-aware block length (names end
+    in ``adaptive``), and with ``tree_nodes`` once per token-tree size (names end in ``tree<N>``; with a cost also
+    cost-sized: ``tree<N> adaptive``; with ``lookup_tokens``, each tree also with a context-lookup branch of up to
+    ``L`` tokens: ``tree<N> lookup<L>``, and with ``lookup_ngrams`` once per longest matched suffix:
+    ``tree<N> lookup<L> ngram<M>``). A ``label`` (several drafters side by side) ends every name: ``(label)``."""
+    methods = [Method("dflash2 default", {"assistant_model": drafter, "dflash_path": None,
+                                          "dflash_record_drafts": True}),
+               Method("transformers dflash", {"assistant_model": drafter, "speculation_type": "dflash"})]
+    sizes = block_sizes or [None]
+    for path in (p for p in paths if p == "argmax" or drafter.config.is_dflash2):
+        for size in sizes:
+            kwargs = {"assistant_model": drafter, "dflash_path": path, "dflash_record_drafts": True,
+                      "dflash_tree_nodes": 0,  # one whole path, whatever the drafter's default mode
+                      "dflash_plain_fallback": False}  # drafting every cycle: the mode as named
+            if size is not None:
+                kwargs["dflash_block_size"] = size
+            name = f"dflash2 {path}" + (f" b{size}" if len(sizes) > 1 else "")
+            methods += _path_methods(name, kwargs, cycle_cost, tree_nodes, lookup_tokens, lookup_ngrams)
+    return [replace(method, name=f"{method.name} ({label})") for method in methods] if label else methods
+
+
+def _path_methods(name: str, kwargs: dict, cycle_cost, tree_nodes: list[int] | None,
+                  lookup_tokens: list[int] | None, lookup_ngrams: list[int] | None) -> list[Method]:
+    """One path at one block size: alone, cost-aware, and as each token tree asked for (see
+    :func:`drafter_methods`)."""
+    methods = [Method(name, kwargs)]
+    if cycle_cost is not None:
+        methods.append(Method(f"{name} adaptive", kwargs | {"dflash_adaptive_block": cycle_cost}))
+    for nodes in tree_nodes or []:
+        tree = kwargs | {"dflash_tree_nodes": nodes, "dflash_lookup_tokens": 0}
+        methods.append(Method(f"{name} tree{nodes}", tree))
+        for length in lookup_tokens or []:
+            lookup = tree | {"dflash_lookup_tokens": length}
+            if not lookup_ngrams:
+                methods.append(Method(f"{name} tree{nodes} lookup{length}", lookup))
+            for ngram in lookup_ngrams or []:
+                methods.append(Method(f"{name} tree{nodes} lookup{length} ngram{ngram}",
+                                      lookup | {"max_matching_ngram_size": ngram}))
+        if cycle_cost is not None:
+            methods.append(Method(f"{name} tree{nodes} adaptive", tree | {"dflash_adaptive_block": cycle_cost}))
     return methods
 
 
@@ -347,6 +367,20 @@ def environment() -> dict:
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+def _drafter_sizes(settings: dict) -> dict[str, dict]:
+    """The bench's drafters by label (``""`` for a lone one), each with its parameter counts."""
+    if "selector_parameters" in settings:
+        return {"": {"parameters": settings["drafter_parameters"],
+                     "selector_parameters": settings["selector_parameters"]}}
+    return settings.get("drafters", {})
+
+
+def _drafter_size(label: str, size: dict) -> str:
+    named = f"Drafter {label}" if label else "Drafter"
+    return (f"{named}: {size['parameters']:,} parameters, of which the candidate selector "
+            f"{size['selector_parameters']:,}.")
+
+
 def write_report(runs: list[Run], folder: str | Path, command: str, settings: dict) -> dict:
     """Write ``results.json`` (every raw number + environment), ``results.md`` and the PNG plots."""
     from .plots import benchmark_plots
@@ -360,8 +394,7 @@ def write_report(runs: list[Run], folder: str | Path, command: str, settings: di
     by_source = f"\nSpeedup (median of paired ratios) by prompt source:\n\n{speedup_table(by_benchmark)}\n"
     if any("mean_acceptance_length" in row for row in by_benchmark):
         by_source += f"\nMean acceptance length by prompt source:\n\n{acceptance_table(by_benchmark)}\n"
-    sizes = (f"Drafter: {settings['drafter_parameters']:,} parameters, of which the candidate selector "
-             f"{settings['selector_parameters']:,}.\n\n" if "selector_parameters" in settings else "")
+    sizes = "".join(f"{_drafter_size(name, size)}\n\n" for name, size in _drafter_sizes(settings).items())
     machine = f"CPU: {report['environment']['cpu']}.\n\n"
     (folder / "results.md").write_text(f"Command: `{command}`\n\n{machine}{sizes}{markdown_table(rows)}\n{by_source}")
     benchmark_plots(rows, folder)
