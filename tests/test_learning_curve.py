@@ -1,4 +1,5 @@
-"""scripts/learning_curve.py: acceptance against training answers, fitted on log10(answers), and its prediction."""
+"""scripts/learning_curve.py: acceptance against training answers, fitted on log10(answers) two ways, and what each
+predicts."""
 
 import importlib.util
 import json
@@ -76,11 +77,48 @@ def test_the_script_tables_each_measure_over_the_sizes_and_draws_the_curves(tmp_
                         "--plot", tmp_path / "curve.png")
     assert result.returncode == 0, result.stderr
     rows = result.stdout.splitlines()
-    assert rows[0] == "| measure | 100 answers | 1000 answers | fit | answers for 2 | hours |"
-    assert rows[2] == "| humaneval, tree + copied branch (greedy) | 1.00 | 1.50 | 0.00 + 0.50 log10(n) | 10,000 | 11 |"
+    assert rows[0] == ("| measure | 100 answers | 1000 answers | log-linear fit | answers for 2 | hours | logistic fit "
+                       "| answers for 2 | hours |")
+    assert rows[2].startswith("| humaneval, tree + copied branch (greedy) | 1.00 | 1.50 | acceptance = 0.00 + 0.50 "
+                              "log10(n) | 10,000 | 11 | not fitted: an acceptance of 1.00 has no per-position rate |")
     assert rows[3].startswith("| mt_bench, tree + copied branch (greedy) | 1.20 | 1.20 |")
     assert rows[3].endswith("| not reached (the curve does not rise) | - |")
+    assert "at the largest" not in result.stdout, "two sizes leave none to check a fit against"
     assert (tmp_path / "curve.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("rate", [0.05, 0.5, 0.9])
+def test_the_logistic_link_maps_acceptance_to_a_per_position_rate_and_back(rate):
+    acceptance = learning_curve.acceptance_for(rate, 16)
+    assert acceptance == pytest.approx((1 - rate**16) / (1 - rate))
+    assert learning_curve.rate_for(acceptance, 16) == pytest.approx(rate)
+
+
+@pytest.mark.parametrize("acceptance", [1.0, 0.9, 16.0, 20.0])
+def test_an_acceptance_no_rate_gives_is_refused_by_the_logistic_link(acceptance):
+    with pytest.raises(ValueError, match="has no per-position rate"):
+        learning_curve.rate_for(acceptance, 16)
+
+
+def test_the_logistic_fit_recovers_an_s_curve_and_the_answers_where_it_reaches_the_aim():
+    link = learning_curve.logistic(16)
+    def on_curve(n):  # logit(rate) = -4 + 1 * log10(n)
+        return learning_curve.acceptance_for(1 / (1 + math.exp(4 - math.log10(n))), 16)
+    line = learning_curve.fit([Point("code", n, 1.0, on_curve(n)) for n in (100, 1000, 10000)], link)
+    assert (line.intercept, line.slope) == pytest.approx((-4.0, 1.0))
+    aim = on_curve(1e6)
+    assert line.answers_for(aim) == pytest.approx(1e6, rel=1e-6)
+
+
+def test_with_three_sizes_each_fit_on_the_smaller_ones_is_checked_at_the_largest(tmp_path):
+    files = [write_run(tmp_path, n, {"humaneval": 1.0 + 0.5 * math.log10(n / 10)}) for n in (100, 1000, 10000)]
+    result = run_script(*files, "--answers-per-second", "1", "--aim", "3")
+    assert result.returncode == 0, result.stderr
+    check = result.stdout.split("at the largest:")[1]
+    row = next(line for line in check.splitlines() if line.startswith("| humaneval"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[1:4] == ["10000", "2.50", "2.50"], "a log-linear truth: the log-linear fit foretells it exactly"
+    assert float(cells[4]) != pytest.approx(2.5, abs=0.005), "the logistic fit bends, so it misses"
 
 
 def test_a_drafter_record_without_its_answer_count_is_refused_in_one_line(tmp_path):
@@ -98,6 +136,8 @@ def test_a_drafter_record_without_its_answer_count_is_refused_in_one_line(tmp_pa
     (["--answers-per-second", "1", "--aim", "1"], "--aim > 1"),
     (["missing.json", "--answers-per-second", "1"], "no such evaluate file: missing.json"),
     (["--answers-per-second", "1", "--training-seconds-per-answer", "-1"], "--training-seconds-per-answer must be > 0"),
+    (["--answers-per-second", "1", "--block-size", "1"], "--block-size must be >= 2 and above --aim"),
+    (["--answers-per-second", "1", "--block-size", "3"], "--block-size must be >= 2 and above --aim"),
 ])
 def test_bad_arguments_are_refused_before_any_file_is_read(tmp_path, argv, message):
     evaluation = write_run(tmp_path, 100, {"humaneval": 1.1})
