@@ -197,7 +197,12 @@ def prediction_cells(group: list[Point], link: Link, aim: float, answers_per_sec
     if math.isinf(needed):
         return [line.formula(), "beyond 10^300", "-"]
     hours = hours_for(needed, group, answers_per_second, training_seconds_per_answer)
-    return [line.formula(), f"{needed:,.0f}", f"{hours:,.0f}"]
+    return [line.formula(), _count(needed), _count(hours)]
+
+
+def _count(value: float) -> str:
+    """Thousands separated up to ten million, powers of ten beyond (where a forecast stops meaning a number)."""
+    return f"{value:,.0f}" if value < 1e7 else f"{value:.1e}"
 
 
 def check_table(groups: dict[str, list[Point]], links: tuple[Link, ...]) -> str | None:

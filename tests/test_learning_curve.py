@@ -143,3 +143,8 @@ def test_bad_arguments_are_refused_before_any_file_is_read(tmp_path, argv, messa
     evaluation = write_run(tmp_path, 100, {"humaneval": 1.1})
     result = run_script(evaluation, *argv)
     assert result.returncode == 2 and message in result.stderr
+
+
+@pytest.mark.parametrize(("value", "shown"), [(15742.4, "15,742"), (9_999_999, "9,999,999"), (2.9e16, "2.9e+16")])
+def test_forecasts_past_ten_million_are_shown_as_powers_of_ten(value, shown):
+    assert learning_curve._count(value) == shown
