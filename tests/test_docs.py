@@ -243,6 +243,13 @@ DOCUMENTED_COMMANDS = {
         "tests/test_cli.py::test_export_puts_the_base_model_and_the_bench_results_in_the_card",
     "dflash2-hf bench": "tests/test_cli.py::test_bench_reports_every_method_at_every_temperature",
     # docs/training.md: a trained drafter next to the shipped one in one bench (1 prompt, 16 tokens, a copy of it).
+    # docs/training.md: continuing the shipped drafter on code answers (data on a chat file and the continuation are
+    # the training chain's own tests, on the tiny target).
+    "dflash2-hf data --target smollm2-135m --code-prompts --out runs/code-a --limit 1000 --max-new-tokens 256":
+        "tests/test_cli.py::test_data_code_prompts_asks_the_target_to_complete_each_documented_function",
+    "dflash2-hf train --target smollm2-135m --data runs/code-a runs/curve-a runs/curve-b runs/curve-c --out runs/cont-1 "
+    "--init-from dflash2_hf/drafters/smollm2-135m --steps 800 --lr 5e-4 --blocks 24 --feature-store runs/features":
+        "tests/test_cli.py::test_train_init_from_continues_the_whole_drafter_in_its_layout_on_new_data",
     "dflash2-hf bench --drafter shipped runs/curve-3000/drafter --prompts humaneval mtbench --per-source 8 "
     "--temperatures 0 1 --paths argmax --out runs/bench-drafters":
         "tests/test_shipped_drafter.py::test_bench_compares_the_shipped_drafter_with_another_in_one_run",
