@@ -69,11 +69,15 @@ def acceptance_for(rate: float, block_size: int) -> float:
     return sum(rate**k for k in range(block_size))
 
 
+class NoRate(ValueError):
+    """An acceptance the logistic link cannot map: at the floor or at the block."""
+
+
 def rate_for(acceptance: float, block_size: int) -> float:
     """The per-position rate whose :func:`acceptance_for` is ``acceptance``, by bisection; refuses the floor (1) and
     the block (``block_size``), which no rate strictly between 0 and 1 gives."""
     if not 1 < acceptance < block_size:
-        raise ValueError(f"an acceptance of {acceptance:.2f} has no per-position rate (it must lie strictly between 1 "
+        raise NoRate(f"an acceptance of {acceptance:.2f} has no per-position rate (it must lie strictly between 1 "
                          f"and the block of {block_size})")
     low, high = 0.0, 1.0
     for _ in range(100):
@@ -187,9 +191,7 @@ def prediction_cells(group: list[Point], link: Link, aim: float, answers_per_sec
     acceptance at the floor) or a curve that does not rise says so."""
     try:
         line = fit(group, link)
-    except ValueError as error:
-        if "two different numbers" in str(error):
-            raise
+    except NoRate as error:
         return ["not fitted: " + str(error).split(" (")[0], "-", "-"]
     needed = line.answers_for(aim)
     if needed is None:
@@ -220,7 +222,7 @@ def check_table(groups: dict[str, list[Point]], links: tuple[Link, ...]) -> str 
         for link in links:
             try:
                 cells.append(f"{fit(rest, link).acceptance_at(largest.answers):.2f}")
-            except ValueError:
+            except NoRate:
                 cells.append("not fitted")
         lines.append(f"| {measure} | {largest.answers} | {largest.acceptance:.2f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -235,7 +237,7 @@ def plot(groups: dict[str, list[Point]], aim: float, path: Path, links: tuple[Li
         for link, style in zip(links, (":", "--")):
             try:
                 line = fit(group, link)
-            except ValueError:
+            except NoRate:
                 continue
             reach = min(line.answers_for(aim) or group[-1].answers, group[-1].answers * 1e3)
             ends = [10**x for x in _steps(math.log10(group[0].answers), math.log10(max(reach, group[-1].answers)))]

@@ -96,7 +96,7 @@ def test_the_logistic_link_maps_acceptance_to_a_per_position_rate_and_back(rate)
 
 @pytest.mark.parametrize("acceptance", [1.0, 0.9, 16.0, 20.0])
 def test_an_acceptance_no_rate_gives_is_refused_by_the_logistic_link(acceptance):
-    with pytest.raises(ValueError, match="has no per-position rate"):
+    with pytest.raises(learning_curve.NoRate, match="has no per-position rate"):
         learning_curve.rate_for(acceptance, 16)
 
 

@@ -120,7 +120,7 @@ def check_bench_arguments(args: argparse.Namespace) -> None:
 def check_drafters(args: argparse.Namespace) -> None:
     """Each ``--drafter`` folder holds a drafter whose block fits every ``--block-sizes``; none is given twice, and
     the reference peer (which drafts with one drafter) is not asked for next to several."""
-    folders = [None if folder == SHIPPED else folder for folder in args.drafter or [SHIPPED]]
+    folders = asked_drafters(args)
     resolved = [Path(folder).resolve() if folder else None for folder in folders]
     if len(set(resolved)) < len(resolved):
         raise SystemExit("dflash2-hf bench: --drafter names the same folder twice.")
@@ -132,6 +132,11 @@ def check_drafters(args: argparse.Namespace) -> None:
             if not 2 <= size <= block_size:
                 raise SystemExit(f"dflash2-hf bench: --block-sizes must be between 2 and the drafter's {block_size} "
                                  f"(tokens per block, the anchor included), got {size}.")
+
+
+def asked_drafters(args: argparse.Namespace) -> list[str | None]:
+    """The ``--drafter`` folders as given, ``None`` for the preset's shipped one (``shipped``, or no ``--drafter``)."""
+    return [None if folder == SHIPPED else folder for folder in args.drafter or [SHIPPED]]
 
 
 def drafter_labels(folders: list[Path]) -> list[str]:
@@ -186,8 +191,8 @@ def bench(args: argparse.Namespace) -> None:
     check_bench_arguments(args)
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    folders = [] if args.no_drafter else [default_drafter_folder(args.target) if folder == SHIPPED else Path(folder)
-                                          for folder in args.drafter or [SHIPPED]]
+    folders = [] if args.no_drafter else [Path(folder) if folder else default_drafter_folder(args.target)
+                                          for folder in asked_drafters(args)]
     if args.reference_venv and not folders:
         raise SystemExit("dflash2-hf bench: the reference peer drafts with our drafter; drop --no-drafter.")
     named = [str(folder) for folder in folders]
