@@ -113,6 +113,10 @@ class DFlashAttention(nn.Module):
             key, value = cache.update(key, value, self.layer_idx)
         if attention_mask is None or attention_mask.shape[-2] == 1:
             attention_mask = self._default_mask(position_ids, q_len, key.shape[-2], key_padding=attention_mask)
+        elif self.is_causal or self.sliding_window is not None:
+            # An explicit mask (training packs many blocks) still keeps this layer's causal and window rules, so a
+            # block is trained with the attention it drafts with.
+            attention_mask = attention_mask & self._layer_rule(position_ids, q_len, key.shape[-2])
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
         output, _ = attention(
             self,
@@ -131,16 +135,22 @@ class DFlashAttention(nn.Module):
         self, position_ids: torch.Tensor, q_len: int, k_len: int, key_padding: torch.Tensor | None
     ) -> torch.Tensor | None:
         """All context, the block bidirectionally (or causally), within the sliding window, minus padded keys."""
-        mask = None
-        if self.is_causal or self.sliding_window is not None:
-            # Cached keys are contiguous and end at the last new position.
-            key_positions = position_ids[:, -1:] - k_len + 1 + torch.arange(k_len, device=position_ids.device)
-            mask = block_attention_mask(
-                position_ids[:, -q_len:], key_positions, causal=self.is_causal, sliding_window=self.sliding_window
-            )
+        mask = self._layer_rule(position_ids, q_len, k_len) if self.is_causal or self.sliding_window is not None else None
         if key_padding is not None:
             mask = key_padding if mask is None else mask & key_padding
         return mask
+
+    def _layer_rule(self, position_ids: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
+        """This layer's causal and sliding-window rule over its keys. Keys are at ``position_ids`` when there is one
+        key per position (no cache: training's packed blocks); cached keys are contiguous and end at the last new
+        position."""
+        if k_len == position_ids.shape[-1]:
+            key_positions = position_ids
+        else:
+            key_positions = position_ids[:, -1:] - k_len + 1 + torch.arange(k_len, device=position_ids.device)
+        return block_attention_mask(
+            position_ids[:, -q_len:], key_positions, causal=self.is_causal, sliding_window=self.sliding_window
+        )
 
 
 class GroupedDynamicConv(nn.Module):
@@ -449,8 +459,9 @@ class DFlashDraftModel(DFlashPreTrainedModel):
             context_hidden_states: target features of tokens new to the drafter, concatenated over
                 ``config.target_layer_ids``, ``[batch, context, n_taps * hidden]``; ``None`` for no new context.
             position_ids: absolute positions of the context tokens followed by the block, ``[batch, context + block]``.
-            attention_mask: optional boolean ``[batch, 1, block, keys]`` mask overriding the default (all context, the
-                block bidirectionally, within the sliding window), e.g. to pack many blocks in training; or a 2D
+            attention_mask: optional boolean ``[batch, 1, block, keys]`` mask of the keys each query may see, in place
+                of "all context" (e.g. to pack many blocks in training), still under each layer's causal and
+                sliding-window rule; or a 2D
                 ``[batch, keys]`` padding mask combined with the default.
             cache: cache of earlier context keys/values. It receives this call's context *and* block keys;
                 the caller crops the block away before the next call.

@@ -3,8 +3,8 @@ the drafter loss's position weights and the selector's K-way loss.
 
 Block ``j`` starts at anchor ``a_j``: its queries are ``[token a_j, mask, ...]`` and its labels the target's own next
 tokens ``a_j .. a_j + B - 1`` (position 0 holds the anchor itself); it attends to the context features of tokens
-``< a_j`` and to its own block only (:func:`block_attention`, an explicit mask; DFlash 2's convolutions stay inside
-each block). Losses:
+``< a_j`` and to its own block only (:func:`block_attention`, an explicit mask, under the drafter's own causal and
+sliding-window rule as in decoding; DFlash 2's convolutions stay inside each block). Losses:
 
 * drafter: cross-entropy of the target's next tokens at block positions ``k = 1 .. B-1``, weighted by
   ``exp(-(k - 1) / gamma)`` (:func:`position_weights`: early positions matter most, a miss there ends the accepted
