@@ -135,7 +135,8 @@ class DFlashAttention(nn.Module):
         self, position_ids: torch.Tensor, q_len: int, k_len: int, key_padding: torch.Tensor | None
     ) -> torch.Tensor | None:
         """All context, the block bidirectionally (or causally), within the sliding window, minus padded keys."""
-        mask = self._layer_rule(position_ids, q_len, k_len) if self.is_causal or self.sliding_window is not None else None
+        has_rule = self.is_causal or self.sliding_window is not None
+        mask = self._layer_rule(position_ids, q_len, k_len) if has_rule else None
         if key_padding is not None:
             mask = key_padding if mask is None else mask & key_padding
         return mask

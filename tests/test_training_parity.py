@@ -33,8 +33,9 @@ PLANS = {  # the default plan drafts trees and copies branches; one path per cyc
 
 
 def drafted_blocks(target, drafter, prompt, monkeypatch, **options) -> tuple[list[int], list[tuple[int, torch.Tensor]]]:
-    """Greedy decoding (fp32, unpacked: the features differ from one full forward's by rounding only) of ``prompt`` with ``drafter``: the sequence it emitted and, for every block it drafted, the
-    anchor position and the drafter's hidden states of the drafted positions."""
+    """Greedy decoding of ``prompt`` with ``drafter`` (fp32, unpacked: its features differ from one full forward's
+    by rounding only): the sequence it emitted and, for every block it drafted, the anchor position and the drafter's
+    hidden states of the drafted positions."""
     drafts = []
     draft = BlockDrafter.draft
 

@@ -213,10 +213,19 @@ def linears_packed(model: nn.Module) -> bool:
                for module in model.modules() if isinstance(module, nn.Linear))
 
 
+def weight_fingerprint(weight: torch.Tensor) -> tuple:
+    """What a copy made from ``weight`` depends on: its dtype, shape and a hash of every value (an XOR of each value's
+    bits). Read from the values themselves, so any change is seen however it was made: ``.data`` writes and PEFT's
+    merge (which leave the version counter alone), in-place ops, ``load_state_dict``, ``to()``, a swapped
+    ``nn.Parameter``."""
+    return weight.dtype, tuple(weight.shape), int(torch.hash_tensor(weight.detach()).view(torch.int64))
+
+
 #: Every packed weight, by its layer: made once and reused by later :class:`PackedLinears` (and ``generate`` calls),
-#: remade when the weight changes (its version), dropped with the layer (a weak key; the value holds no reference
-#: to the layer), so a long-lived process holds one packed copy per layer however many calls it makes.
-PACKED_WEIGHTS: weakref.WeakKeyDictionary[nn.Linear, tuple[int, torch.Tensor]] = weakref.WeakKeyDictionary()
+#: remade when the weight's values change (:func:`weight_fingerprint`), dropped with the layer (a weak key; the value
+#: holds no reference to the layer), so a long-lived process holds one packed copy per layer however many calls it
+#: makes.
+PACKED_WEIGHTS: weakref.WeakKeyDictionary[nn.Linear, tuple[tuple, torch.Tensor]] = weakref.WeakKeyDictionary()
 
 
 def _packing_applies(target: nn.Module, wanted: bool) -> bool:
@@ -248,12 +257,13 @@ DRAFTER_COPIES: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, nn.Module]] = 
 def drafter_for_the_call(target: nn.Module, drafter: nn.Module, wanted: bool) -> nn.Module:
     """The drafter a ``generate`` call drafts with: the user's own, or, where only its dtype keeps the two models off
     packed weights (a drafter saved in bf16, as ``from_pretrained`` loads it, next to a float32 target), a copy in
-    the target's dtype. The copy is made once and reused by later calls while the drafter's weights are unchanged,
-    so the user's drafter computes outside the call as it did and a long-lived process holds one copy. Drafting in
-    another dtype changes what is proposed, never what is emitted (verification is exact for any proposal)."""
+    the target's dtype. The copy is made once and reused by later calls while the drafter's weights hold the same
+    values, so the user's drafter computes outside the call as it did and a long-lived process holds one copy.
+    Drafting in another dtype changes what is proposed, never what is emitted (verification is exact for any
+    proposal)."""
     if drafter.dtype == target.dtype or hasattr(drafter, "peft_config") or not _packing_applies(target, wanted):
         return drafter
-    made_from = (target.dtype, tuple((weight.data_ptr(), weight._version) for weight in drafter.parameters()))
+    made_from = (target.dtype, tuple(weight_fingerprint(weight) for weight in drafter.parameters()))
     cached = DRAFTER_COPIES.get(drafter)
     if cached is None or cached[0] != made_from:
         cached = (made_from, copy.deepcopy(drafter).to(target.dtype))
@@ -292,10 +302,10 @@ class PackedLinears:
                              "packed float32 linears need PyTorch built with oneDNN (mkldnn); this build has none.")
 
     def _pack(self, module: nn.Linear) -> torch.Tensor:
-        version = module.weight._version
+        fingerprint = weight_fingerprint(module.weight)
         cached = PACKED_WEIGHTS.get(module)
-        if cached is None or cached[0] != version:
-            cached = (version, _onednn_pack(module.weight.detach()))
+        if cached is None or cached[0] != fingerprint:
+            cached = (fingerprint, _onednn_pack(module.weight.detach()))
             PACKED_WEIGHTS[module] = cached
         return cached[1]
 

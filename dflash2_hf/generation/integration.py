@@ -70,8 +70,9 @@ STATIC_LAYERS = (StaticLayer, StaticSlidingWindowLayer)
 
 
 def is_drafter(model) -> bool:
-    """A DFlash drafter, bare or wrapped by PEFT (adapters active)."""
-    base = model.get_base_model() if hasattr(model, "peft_config") else model
+    """A DFlash drafter: bare, with adapters injected in place (``inject_adapter_in_model``, ``add_adapter``), or
+    wrapped in a ``PeftModel``."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return isinstance(base, DFlashDraftModel)
 
 
