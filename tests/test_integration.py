@@ -2,11 +2,12 @@
 and fail loudly if a transformers upgrade changes what it relies on."""
 
 import inspect
+import re
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
 from transformers.generation.utils import GENERATION_MODES_MAPPING, GenerationMixin, GenerationMode
 
@@ -170,3 +171,43 @@ def test_an_unknown_transformers_release_refuses_the_assistant_route_and_names_t
 def test_the_installed_transformers_is_a_supported_release():
     assert integration.transformers_release() in integration.SUPPORTED_TRANSFORMERS
     assert integration.transformers_release("5.25.0.dev0") == (5, 25)
+
+
+ROUTES = {  # how a call reaches DFlash decoding: the assistant route and the public seam
+    "assistant_model": lambda drafter: dict(assistant_model=drafter),
+    "custom_generate": lambda drafter: dict(custom_generate=dflash2_hf.custom_generate, drafter=drafter),
+}
+
+
+@pytest.mark.parametrize("route", ROUTES.values(), ids=ROUTES.keys())
+def test_dflash_options_of_a_passed_generation_config_are_honoured(route):
+    target, drafter = tiny_target("qwen3", seed=1), tiny_drafter(seed=4)
+    config = GenerationConfig(max_new_tokens=12, do_sample=False, dflash_path="argmax", dflash_block_size=4,
+                              dflash_tree_nodes=0)
+    target.generate(torch.tensor([[5, 6, 7]]), generation_config=config, **route(drafter))
+    stats = drafter.last_generation_stats
+    assert (stats.path, stats.block_size) == ("argmax", 4)
+
+
+@pytest.mark.parametrize("route", ROUTES.values(), ids=ROUTES.keys())
+def test_the_targets_own_generation_config_sets_dflash_options_and_the_call_overrides_them(route):
+    target, drafter = tiny_target("qwen3", seed=1), tiny_drafter(seed=4)
+    target.generation_config.dflash_block_size = 4
+    target.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=12, do_sample=False, **route(drafter))
+    assert drafter.last_generation_stats.block_size == 4
+    target.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=12, do_sample=False, dflash_block_size=5,
+                    **route(drafter))
+    assert drafter.last_generation_stats.block_size == 5
+
+
+@pytest.mark.parametrize("route", ROUTES.values(), ids=ROUTES.keys())
+@pytest.mark.parametrize("field, value, message", [
+    ("dflash_blok_size", 4, "dflash_blok_size, which is no DFlash option"),
+    ("dflash_block_size", 99, "block_size must be between 2"),
+    ("dflash_path", "sideways", "Unknown path strategy 'sideways'"),
+])
+def test_a_generation_configs_bad_dflash_option_is_refused_naming_it(route, field, value, message):
+    target, drafter = tiny_target("qwen3", seed=1), tiny_drafter(seed=4)
+    config = GenerationConfig(max_new_tokens=4, do_sample=False, **{field: value})
+    with pytest.raises(ValueError, match=re.escape(message)):
+        target.generate(torch.tensor([[5, 6, 7]]), generation_config=config, **route(drafter))

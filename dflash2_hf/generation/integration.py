@@ -132,6 +132,7 @@ def decode(
     ``options`` maps ``dflash_*`` keyword names to the call's values. Nothing runs on the target before every check
     has passed."""
     check_request(target, drafter, input_ids, generation_config, model_kwargs)
+    options = {**generation_config_options(generation_config), **options}
     draft_options = DraftOptions.for_drafter(drafter, target=target, **{
         OPTION_KWARGS[name]: value for name, value in options.items()})
     # verification forwards share the key/value heads instead of copying them; linears run on packed weights, the
@@ -143,6 +144,18 @@ def decode(
         sequence = decoder.run(input_ids)
     drafter.last_generation_stats = decoder.stats
     return decoder.output(sequence, input_ids.shape[1], bool(generation_config.return_dict_in_generate))
+
+
+def generation_config_options(generation_config: GenerationConfig) -> dict:
+    """The ``dflash_*`` options a generation config carries (one passed as ``generation_config=``, or the target's own
+    ``generation_config.json``, which transformers keeps unknown attributes of), honoured under the call's own
+    keywords; a ``dflash_*`` name that is no option is refused, naming it, instead of being ignored."""
+    found = {name: value for name, value in vars(generation_config).items() if name.startswith("dflash_")}
+    unknown = sorted(set(found) - set(OPTION_KWARGS))
+    if unknown:
+        raise ValueError(f"The generation config sets {', '.join(unknown)}, which is no DFlash option; the options are "
+                         f"{', '.join(OPTION_KWARGS)}.")
+    return {name: value for name, value in found.items() if value is not None}
 
 
 def check_request(target, drafter, input_ids: torch.Tensor, generation_config: GenerationConfig,
