@@ -17,6 +17,8 @@ This file only imports torch, transformers and its sibling config module so it c
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 import torch
@@ -27,6 +29,7 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import cached_file
 from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3MLP,
     Qwen3RMSNorm,
@@ -324,6 +327,47 @@ class CandidateSelector(nn.Module):
         return candidate_logits[:, :, None, :] + follow.to(candidate_logits.dtype)
 
 
+#: safetensors dtype names of floating-point tensors: the only kind a drafter's weights may be stored as.
+FLOATING_SAFETENSORS_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
+
+
+def _checkpoint_files(location: Any, hub_kwargs: dict) -> list[str]:
+    """The safetensors files a drafter was loaded from: every one in a local folder, else the Hub repository's
+    single ``model.safetensors`` as cached (none found: an empty list)."""
+    location = os.fspath(location)
+    if os.path.isdir(location):
+        return [os.path.join(location, name) for name in sorted(os.listdir(location)) if name.endswith(".safetensors")]
+    found = cached_file(location, "model.safetensors", _raise_exceptions_for_missing_entries=False, **hub_kwargs)
+    return [found] if found else []
+
+
+def stored_dtypes(path: str) -> dict[str, str]:
+    """Each tensor's dtype as a safetensors file stores it (read from its JSON header, no tensor loaded)."""
+    with open(path, "rb") as file:
+        header = json.loads(file.read(int.from_bytes(file.read(8), "little")))
+    return {name: entry["dtype"] for name, entry in header.items() if name != "__metadata__"}
+
+
+def check_stored_dtypes(location: Any, hub_kwargs: dict) -> None:
+    """Refuse a checkpoint storing a weight as anything but floating point (an integer ``fc.weight`` would
+    otherwise be cast to float on load and draft silently wrong), naming the tensor."""
+    for path in _checkpoint_files(location, hub_kwargs):
+        wrong = {name: dtype for name, dtype in stored_dtypes(path).items() if dtype not in FLOATING_SAFETENSORS_DTYPES}
+        if wrong:
+            named = ", ".join(f"{name} ({dtype})" for name, dtype in sorted(wrong.items()))
+            raise DrafterLoadError(f"Checkpoint at {location} stores {named}, not floating point; a "
+                                   "drafter's weights are floats: save them again from the trained model.")
+
+
+def refuse_meta_device_map(device_map: Any) -> None:
+    """Refuse loading a drafter (or any of its modules) onto the meta device: it would hold no weights to draft
+    with, and transformers fails there with an error that names neither the drafter nor the fix."""
+    places = device_map.values() if isinstance(device_map, dict) else [device_map]
+    if any(place is not None and str(place) == "meta" for place in places):
+        raise DrafterLoadError("A drafter loaded with device_map='meta' has no weights to draft with; load it on the "
+                               "target's device (device_map=None, 'cpu' or the target's GPU).")
+
+
 def _describe_key(entry: Any) -> str:
     """A loading-report entry as text: a tensor name, or ``name (checkpoint shape vs model shape)``."""
     if isinstance(entry, tuple) and len(entry) == 3:
@@ -364,10 +408,11 @@ class DFlashPreTrainedModel(PreTrainedModel):
         The class is picked from the config (DFlash 2 when it has a candidate selector); checkpoints in transformers'
         ``MuseGlimmerAssistantModel`` layout are renamed on load. Only safetensors files are read.
         """
+        refuse_meta_device_map(kwargs.get("device_map"))
         config = kwargs.pop("config", None)
+        hub_kwargs = {k: kwargs[k] for k in ("cache_dir", "revision", "token", "local_files_only") if k in kwargs}
         # Duck-typed: as Hub remote code, the config class may come from another copy of this module.
         if not isinstance(config, PreTrainedConfig) or not hasattr(config, "is_dflash2"):
-            hub_kwargs = {k: kwargs[k] for k in ("cache_dir", "revision", "token", "local_files_only") if k in kwargs}
             config = DFlashConfig.from_pretrained(config or pretrained_model_name_or_path, **hub_kwargs)
         model_class = cls.class_for_config(config)
         if "MuseGlimmerAssistantModel" in (config.architectures or []):
@@ -387,6 +432,7 @@ class DFlashPreTrainedModel(PreTrainedModel):
                 f"The safetensors file at {pretrained_model_name_or_path} is truncated or corrupt ({error}); "
                 "download or save it again."
             ) from error
+        check_stored_dtypes(pretrained_model_name_or_path, hub_kwargs)
         problems = [
             f"{kind.replace('_', ' ')}: {', '.join(sorted(map(_describe_key, info.get(kind) or [])))}"
             for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")

@@ -182,3 +182,26 @@ def test_a_drafter_with_non_finite_weights_is_refused_naming_them(target, do_sam
         weight.view(-1)[0] = bad
     with pytest.raises(ValueError, match=rf"The drafter has NaN or Inf weights in {re.escape(name)}; load or train"):
         target.generate(prompt(), max_new_tokens=5, do_sample=do_sample, assistant_model=drafter)
+
+
+def on_meta(drafter):
+    return drafter.to("meta")
+
+
+def one_weight_on_meta(drafter):
+    drafter.fc.weight = torch.nn.Parameter(torch.empty_like(drafter.fc.weight, device="meta"))
+    return drafter
+
+
+def an_integer_weight(drafter):
+    drafter.fc.weight = torch.nn.Parameter(drafter.fc.weight.detach().to(torch.int32), requires_grad=False)
+    return drafter
+
+
+@pytest.mark.parametrize("break_it, message", [
+    (on_meta, r"The drafter's \S+ is on the meta device \(no values\)"),
+    (one_weight_on_meta, r"The drafter's fc.weight is on the meta device"),
+    (an_integer_weight, r"The drafter's weight fc.weight holds torch.int32, not floating point"),
+], ids=["whole drafter on meta", "one weight on meta", "an integer weight"])
+def test_a_drafter_whose_tensors_are_not_what_they_claim_is_refused_naming_one(target, break_it, message):
+    refuse_before_any_work(target, break_it(tiny_drafter(seed=4)), message, prompt())

@@ -1,6 +1,7 @@
 """Saving and loading drafters: round trips, Auto classes, remote code, and loud failures on bad checkpoints."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -204,3 +205,19 @@ def test_hub_repo_id_still_loads_from_the_hub_cache(tmp_path, monkeypatch):
     (tmp_path / "cache" / "models--org--drafter" / "refs" / "main").write_text(commit)
     loaded = DFlashDraftModel.from_pretrained("org/drafter", cache_dir=tmp_path / "cache", local_files_only=True)
     torch.testing.assert_close(sample_output(loaded), sample_output(drafter), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["fc.weight", "hidden_norm.weight"])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.int8, torch.uint8, torch.bool])
+def test_a_weight_stored_as_anything_but_floating_point_is_named(tmp_path, name, dtype):
+    tiny_drafter("dflash").save_pretrained(tmp_path)
+    rewrite_weights(tmp_path, lambda t: t.update({name: t[name].to(dtype)}))
+    with pytest.raises(DrafterLoadError, match=rf"stores {re.escape(name)} \(\w+\), not floating point"):
+        DFlashDraftModel.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("device_map", ["meta", torch.device("meta"), {"": "meta"}, {"fc": "meta", "layers": "cpu"}])
+def test_loading_onto_the_meta_device_is_refused(tmp_path, device_map):
+    tiny_drafter("dflash").save_pretrained(tmp_path)
+    with pytest.raises(DrafterLoadError, match="device_map='meta' has no weights to draft with"):
+        DFlashDraftModel.from_pretrained(tmp_path, device_map=device_map)

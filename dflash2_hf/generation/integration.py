@@ -170,10 +170,8 @@ def check_request(target, drafter, input_ids: torch.Tensor, generation_config: G
                          "cached context and rolls back what was rejected; got use_cache=False (from the call or "
                          "the target's generation_config). Pass use_cache=True.")
     drafter.config.check_fits_target(target.config, target.get_output_embeddings().weight.shape[0])
+    check_drafter_tensors(drafter, target.device)
     check_finite_weights(drafter)
-    if drafter.device != target.device:
-        raise ValueError(f"The drafter is on {drafter.device} and the target on {target.device}; put both on one "
-                         "device.")
     context_length = getattr(target.config.get_text_config(), "max_position_embeddings", None)
     check_model_inputs(model_kwargs, input_ids, generation_config.pad_token_id)
     check_generation_arguments(generation_config, input_ids, context_length)
@@ -191,6 +189,21 @@ def warn_of_inexact_bf16(target) -> None:
         warnings.warn(BF16_WITHOUT_HARDWARE, stacklevel=6)
     elif not bf16_rows_independent():
         warnings.warn(BF16_BLOCKS_ROUND_UNLIKE_ROWS, stacklevel=6)
+
+
+def check_drafter_tensors(drafter, device: torch.device) -> None:
+    """Refuse a drafter with a tensor off the target's device (the meta device included: no values to draft with)
+    or a weight that is not floating point, naming the first such tensor."""
+    for name, tensor in (*drafter.named_parameters(), *drafter.named_buffers()):
+        if tensor.device.type == "meta":
+            raise ValueError(f"The drafter's {name} is on the meta device (no values); load the drafter on the "
+                             f"target's device ({device}).")
+        if tensor.device != device:
+            raise ValueError(f"The drafter's {name} is on {tensor.device} and the target on {device}; put both on one "
+                             "device (drafter.to(target.device)).")
+        if not tensor.is_floating_point() and isinstance(tensor, torch.nn.Parameter):
+            raise ValueError(f"The drafter's weight {name} holds {tensor.dtype}, not floating point; load or train "
+                             "the drafter again.")
 
 
 def check_finite_weights(drafter) -> None:
