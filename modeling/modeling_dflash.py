@@ -104,6 +104,7 @@ class DFlashAttention(nn.Module):
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
+        packed_block_length: int | None = None,
         **kwargs: Any,
     ) -> torch.Tensor:
         batch, q_len = hidden_states.shape[:2]
@@ -114,6 +115,9 @@ class DFlashAttention(nn.Module):
         query, key = apply_rotary_to_block(query, key, *position_embeddings)
         if cache is not None:
             key, value = cache.update(key, value, self.layer_idx)
+        if packed_block_length is not None:
+            output = self._packed_blocks_attention(query, key, value, attention_mask, position_ids, packed_block_length)
+            return self.o_proj(output.reshape(batch, q_len, -1))
         if attention_mask is None or attention_mask.shape[-2] == 1:
             attention_mask = self._default_mask(position_ids, q_len, key.shape[-2], key_padding=attention_mask)
         elif self.is_causal or self.sliding_window is not None:
@@ -133,6 +137,42 @@ class DFlashAttention(nn.Module):
         )
         return self.o_proj(output.reshape(batch, q_len, -1))
 
+
+    def _packed_blocks_attention(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, context_mask: torch.Tensor,
+        position_ids: torch.Tensor, block_length: int,
+    ) -> torch.Tensor:
+        """Attention of many blocks side by side (training), ``[batch, blocks * block_length, heads, head_dim]``.
+
+        Each block's queries see the context keys ``context_mask`` (``[batch, 1, queries, context]``) allows and
+        the keys of their own block, under this layer's causal and window rule: what the same block sees when it is
+        drafted alone. Scores against other blocks' keys are never computed, so a step's attention grows with the
+        blocks times (context + block) instead of with the square of all blocks."""
+        batch, heads, queries, dim = query.shape
+        blocks, context_len = queries // block_length, key.shape[-2] - queries
+        key = key.repeat_interleave(heads // key.shape[1], dim=1)
+        value = value.repeat_interleave(heads // value.shape[1], dim=1)
+        query_positions = position_ids[:, context_len:]
+        sees_context = context_mask.bool()
+        if self.is_causal or self.sliding_window is not None:
+            sees_context = sees_context & block_attention_mask(query_positions, position_ids[:, :context_len],
+                                                               causal=self.is_causal, sliding_window=self.sliding_window)
+        in_block = query_positions.reshape(batch * blocks, block_length)
+        sees_block = block_attention_mask(in_block, in_block, causal=self.is_causal, sliding_window=self.sliding_window)
+        context_scores = torch.matmul(query, key[:, :, :context_len].transpose(-1, -2)) * self.scaling
+        context_scores = context_scores.masked_fill(~sees_context, float("-inf"))
+        query_blocks = query.view(batch, heads, blocks, block_length, dim)
+        key_blocks = key[:, :, context_len:].view(batch, heads, blocks, block_length, dim)
+        block_scores = torch.matmul(query_blocks, key_blocks.transpose(-1, -2)) * self.scaling
+        block_scores = block_scores.masked_fill(~sees_block.view(batch, blocks, block_length, block_length)[:, None],
+                                                float("-inf"))
+        scores = torch.cat([context_scores.view(batch, heads, blocks, block_length, context_len), block_scores], -1)
+        weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        weights = F.dropout(weights, p=self.attention_dropout, training=self.training)
+        from_context = torch.matmul(weights[..., :context_len].reshape(batch, heads, queries, context_len),
+                                    value[:, :, :context_len])
+        from_block = torch.matmul(weights[..., context_len:], value[:, :, context_len:].view(*key_blocks.shape))
+        return (from_context + from_block.reshape(batch, heads, queries, dim)).transpose(1, 2)
 
     def _default_mask(
         self, position_ids: torch.Tensor, q_len: int, k_len: int, key_padding: torch.Tensor | None
@@ -224,7 +264,8 @@ class DFlashDecoderLayer(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, block_length: int | None = None, **attention_kwargs: Any) -> torch.Tensor:
         hidden_states = hidden_states + self._sublayer(
-            self.attention_conv, self.self_attn, self.input_layernorm(hidden_states), block_length, **attention_kwargs
+            self.attention_conv, self.self_attn, self.input_layernorm(hidden_states), block_length,
+            packed_block_length=block_length, **attention_kwargs
         )
         return hidden_states + self._sublayer(
             self.mlp_conv, self.mlp, self.post_attention_layernorm(hidden_states), block_length
@@ -507,14 +548,18 @@ class DFlashDraftModel(DFlashPreTrainedModel):
                 ``config.target_layer_ids``, ``[batch, context, n_taps * hidden]``; ``None`` for no new context.
             position_ids: absolute positions of the context tokens followed by the block, ``[batch, context + block]``.
             attention_mask: optional boolean ``[batch, 1, block, keys]`` mask of the keys each query may see, in place
-                of "all context" (e.g. to pack many blocks in training), still under each layer's causal and
-                sliding-window rule; or a 2D
-                ``[batch, keys]`` padding mask combined with the default.
+                of "all context", still under each layer's causal and sliding-window rule; or a 2D ``[batch, keys]``
+                padding mask combined with the default. With ``block_length``: ``[batch, 1, blocks * block,
+                context]``, the context keys each packed block's queries may see.
             cache: cache of earlier context keys/values. It receives this call's context *and* block keys;
                 the caller crops the block away before the next call.
-            block_length: with several blocks side by side (training), the length of each, so DFlash 2's
-                convolutions stay inside their block; ``None`` for one block.
+            block_length: with several blocks side by side (training), the length of each: every block attends to
+                the context keys ``attention_mask`` allows and to itself, never to another block, and DFlash 2's
+                convolutions stay inside it; ``None`` for one block.
         """
+        if block_length is not None and (attention_mask is None or attention_mask.dim() != 4 or cache is not None):
+            raise ValueError("Packed blocks (block_length) need a [batch, 1, queries, context] attention_mask of the "
+                             "context keys each block sees, and no cache.")
         if attention_mask is not None and attention_mask.dim() == 2:
             # A 2D padding mask over [cached + context + block] keys, as transformers' DFlash generator passes it.
             attention_mask = None if bool(attention_mask.all()) else attention_mask.bool()[:, None, None, :]

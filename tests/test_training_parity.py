@@ -53,7 +53,7 @@ def drafted_blocks(target, drafter, prompt, monkeypatch, **options) -> tuple[lis
 def trained_blocks(target, drafter, sequence: list[int], prompt_length: int, anchors: list[int], folder):
     """The trainer's drafter hidden states and logits ``[N, B-1, ...]`` of blocks at ``anchors`` of ``sequence``, in
     the drafter's own dtype (no autocast), as decoding runs it."""
-    config = TrainingConfig(output_dir=str(folder), steps=0, bf16=False, blocks_per_sequence=len(anchors))
+    config = TrainingConfig(output_dir=str(folder), steps=0, blocks_per_sequence=len(anchors))
     run = DrafterTrainer(copy.deepcopy(drafter), target, [{"prompt_ids": sequence[:prompt_length],
                                                            "response_ids": sequence[prompt_length:]}], config)
     batch = blocks_at(run.records, [anchors], drafter.block_size, config.max_length, record_ids=[0])

@@ -3,8 +3,9 @@ the drafter loss's position weights and the selector's K-way loss.
 
 Block ``j`` starts at anchor ``a_j``: its queries are ``[token a_j, mask, ...]`` and its labels the target's own next
 tokens ``a_j .. a_j + B - 1`` (position 0 holds the anchor itself); it attends to the context features of tokens
-``< a_j`` and to its own block only (:func:`block_attention`, an explicit mask, under the drafter's own causal and
-sliding-window rule as in decoding; DFlash 2's convolutions stay inside each block). Losses:
+``< a_j`` (:func:`block_attention`) and to its own block only, under the drafter's own causal and sliding-window rule
+as in decoding (the drafter's packed-block attention never scores one block against another; DFlash 2's convolutions
+stay inside each block). Losses:
 
 * drafter: cross-entropy of the target's next tokens at block positions ``k = 1 .. B-1``, weighted by
   ``exp(-(k - 1) / gamma)`` (:func:`position_weights`: early positions matter most, a miss there ends the accepted
@@ -60,7 +61,9 @@ def sample_blocks(
     sequences: list[dict], block_size: int, blocks_per_sequence: int, max_length: int, generator: torch.Generator,
     record_ids: list[int] | None = None,
 ) -> BlockBatch:
-    """Pick random anchors in each response and build the block labels (the target's own next tokens)."""
+    """Pick up to ``blocks_per_sequence`` random anchors in each response and build the block labels (the target's
+    own next tokens); the batch holds as many block slots as its fullest sequence needs, so a number past an
+    answer's length (every anchor) adds no empty blocks."""
     anchors = []
     for record in sequences:
         allowed = anchor_range(record, max_length)
@@ -70,7 +73,7 @@ def sample_blocks(
         candidates = torch.arange(allowed.start, allowed.stop)
         chosen = candidates[torch.randperm(len(candidates), generator=generator)[:blocks_per_sequence]]
         anchors.append(chosen.sort().values.tolist())
-    return blocks_at(sequences, anchors, block_size, max_length, record_ids, slots=blocks_per_sequence)
+    return blocks_at(sequences, anchors, block_size, max_length, record_ids)
 
 
 def blocks_at(
@@ -107,15 +110,12 @@ def decoding_anchors(acceptance_lengths: list[int]) -> list[int]:
 
 
 def block_attention(anchors: torch.Tensor, context_mask: torch.Tensor, block_size: int) -> torch.Tensor:
-    """``[b, 1, n*B, T + n*B]`` boolean mask: block ``j`` sees context tokens before its anchor and its own block."""
-    batch, blocks = anchors.shape
+    """``[b, 1, n*B, T]`` boolean mask of the context each packed block sees: the tokens before its anchor (each block
+    also sees itself and no other block: the drafter's packed-block attention, given ``block_length``)."""
     length = context_mask.shape[1]
-    query_block = torch.arange(blocks).repeat_interleave(block_size)
     sees_context = torch.arange(length)[None, None, :] < anchors[:, :, None]
     sees_context = sees_context & context_mask.bool()[:, None, :]
-    sees_context = sees_context.repeat_interleave(block_size, dim=1)
-    sees_block = (query_block[:, None] == query_block[None, :]).expand(batch, -1, -1)
-    return torch.cat([sees_context, sees_block], dim=-1)[:, None]
+    return sees_context.repeat_interleave(block_size, dim=1)[:, None]
 
 
 def block_positions(anchors: torch.Tensor, context_length: int, block_size: int) -> torch.Tensor:

@@ -20,7 +20,7 @@ import json
 import math
 import time
 import warnings
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -131,7 +131,9 @@ class DrafterTrainer:
 
     def __init__(self, drafter: DFlashDraftModel, target: torch.nn.Module, records: list[dict], config: TrainingConfig):
         self.config = config
-        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="bf16" if config.bf16 else "no")
+        # bf16 autocast is the trainer's own (:meth:`_autocast`), not accelerate's: a model accelerate prepares for
+        # mixed precision autocasts every forward, so the held-out measures could not run it as decoding does.
+        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="no")
         drafter.config.check_fits_target(target.config, target.get_output_embeddings().weight.shape[0])
         self.target = target.eval().requires_grad_(False).to(self.accelerator.device)
         self.records, self.heldout = split_heldout(records, config.heldout_fraction)
@@ -161,6 +163,10 @@ class DrafterTrainer:
             return (step + 1) / self.config.warmup_steps
         progress = (step - self.config.warmup_steps) / max(1, self.config.steps - self.config.warmup_steps)
         return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    def _autocast(self, enabled: bool = True) -> torch.autocast:
+        """The run's bf16 autocast (where ``config.bf16``), or none when not ``enabled``."""
+        return torch.autocast(self.accelerator.device.type, dtype=torch.bfloat16, enabled=bool(self.config.bf16 and enabled))
 
     @property
     def unwrapped(self) -> DFlashDraftModel:
@@ -269,7 +275,7 @@ class DrafterTrainer:
         noise_ids[:, :, 0] = batch.labels[:, :, 0].clamp_min(0)
         embeds = self.target.get_input_embeddings()(noise_ids.flatten(1).to(device)).float()
         embeds = embeds * float(drafter.config.input_embedding_scale)
-        with self.accelerator.autocast() if mixed_precision else nullcontext():
+        with self._autocast(mixed_precision):
             hidden = self.drafter(
                 embeds,
                 context_hidden_states=features,
@@ -302,7 +308,7 @@ class DrafterTrainer:
         drafter_loss = (token_losses * weights).sum() / weight_total.clamp_min(1e-6)
         select = torch.zeros((), device=device)
         if drafter.candidate_selector is not None and self.config.selector_weight > 0:
-            with self.accelerator.autocast():
+            with self._autocast():
                 scored = selector_positions(everything).sum() / processes
                 select = selector_loss(drafter, hidden if self.config.train_drafter else hidden.detach(), logits,
                                        labels, normaliser=scored.clamp_min(1),
