@@ -56,6 +56,12 @@ def new_trainer(args: argparse.Namespace) -> DrafterTrainer:
     return DrafterTrainer(drafter, target, read_responses(args.data)[: args.records], settings)
 
 
+def drafted_positions(trainer: DrafterTrainer, steps: range) -> int:
+    """Drafted positions with a label in the batches of ``steps`` (fewer than batch x blocks x (block - 1) where an
+    answer has fewer anchors than ``--blocks`` or a block runs past its end)."""
+    return sum(int((trainer.batch_for_step(step).labels[..., 1:] != -100).sum()) for step in steps)
+
+
 def main() -> None:
     args = arguments()
     torch.set_num_threads(args.threads)
@@ -70,7 +76,7 @@ def main() -> None:
     for _ in range(args.steps):
         trainer.train_step()
     seconds = (time.perf_counter() - started) / args.steps
-    positions = args.batch_size * args.blocks * (trainer.unwrapped.block_size - 1)
+    positions = drafted_positions(trainer, range(1, args.steps + 1)) / args.steps
     print(f"{cpu_description()}, target {args.dtype}: features {features:.2f} sequences/s; "
           f"{seconds:.2f} s/step, {positions / seconds:.0f} drafted positions/s")
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, GenerationConfig
+from transformers.generation.streamers import BaseStreamer
 from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
 from transformers.generation.utils import GENERATION_MODES_MAPPING, GenerationMixin, GenerationMode
 
@@ -211,3 +212,33 @@ def test_a_generation_configs_bad_dflash_option_is_refused_naming_it(route, fiel
     config = GenerationConfig(max_new_tokens=4, do_sample=False, **{field: value})
     with pytest.raises(ValueError, match=re.escape(message)):
         target.generate(torch.tensor([[5, 6, 7]]), generation_config=config, **route(drafter))
+
+
+class RecordingStreamer(BaseStreamer):
+    """A streamer that keeps what it is given."""
+
+    def __init__(self):
+        self.tokens, self.ended = [], False
+
+    def put(self, value):
+        self.tokens.append(value)
+
+    def end(self):
+        self.ended = True
+
+
+@pytest.mark.parametrize("argument, value, instead", [
+    ("streamer", "streamer", "assistant_model=drafter, streamer="),
+    ("assistant_model", "drafter", "pass the drafter once"),
+    ("synced_gpus", True, "leave synced_gpus unset"),
+])
+def test_an_argument_transformers_keeps_from_the_seam_is_refused_before_decoding(argument, value, instead,
+                                                                                 public_seam_only):
+    target, drafter = tiny_target("qwen3", seed=1), tiny_drafter(seed=4)
+    given = {"streamer": RecordingStreamer(), "drafter": drafter, True: True}[value]
+    forwards = []
+    target.register_forward_pre_hook(lambda module, args: forwards.append(module))
+    with pytest.raises(ValueError, match=re.escape(f"does not hand `{argument}`") + ".*" + re.escape(instead)):
+        target.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=4, custom_generate=dflash2_hf.custom_generate,
+                        drafter=drafter, **{argument: given})
+    assert forwards == []

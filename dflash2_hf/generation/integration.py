@@ -105,6 +105,7 @@ def custom_generate(
     if drafter is None:
         raise ValueError("custom_generate=dflash2_hf.custom_generate needs the drafter: pass drafter=<a DFlash drafter "
                          "loaded with DFlashDraftModel.from_pretrained>.")
+    check_nothing_withheld()
     options = {name: value for name, value in {
         "dflash_path": dflash_path, "dflash_block_size": dflash_block_size, "dflash_top_k": dflash_top_k,
         "dflash_record_drafts": dflash_record_drafts, "dflash_adaptive_block": dflash_adaptive_block,
@@ -398,16 +399,39 @@ def custom_generate_source() -> str | None:
     repository they came from; it is read from the calling ``generate`` frame (the local ``custom_generate`` of
     ``transformers.generation.utils``). Any other shape of the stack gives None, and the caller asks for ``drafter=``.
     """
+    named = calling_generate_argument("custom_generate")
+    return named if isinstance(named, str) else None
+
+
+def calling_generate_argument(name: str) -> object:
+    """The argument ``name`` of the innermost running transformers ``generate`` call, read from its frame (what
+    transformers keeps from a ``custom_generate`` callable), or None outside such a call."""
     frame = inspect.currentframe()
     try:
         while frame is not None:
-            named = frame.f_locals.get("custom_generate") if frame.f_code.co_name == "generate" else None
-            if frame.f_globals.get("__name__") == "transformers.generation.utils" and isinstance(named, str):
-                return named
+            if frame.f_code.co_name == "generate" and frame.f_globals.get("__name__") == "transformers.generation.utils":
+                return frame.f_locals.get(name)
             frame = frame.f_back
         return None
     finally:
         del frame  # no reference cycle through the stack
+
+
+#: ``generate`` arguments transformers keeps from a ``custom_generate`` callable, with what to do instead.
+WITHHELD_FROM_THE_SEAM = {
+    "streamer": "stream with generate(..., assistant_model=drafter, streamer=...), which hands the streamer over",
+    "assistant_model": "pass the drafter once: drafter= with custom_generate, or assistant_model= alone",
+    "synced_gpus": "DFlash decoding runs one process per generation; leave synced_gpus unset",
+}
+
+
+def check_nothing_withheld() -> None:
+    """Refuse, before decoding, a ``generate`` argument transformers did not forward to the seam (a streamer that
+    would never hear a token, nor ``end()``), naming it and what to do instead."""
+    for name, instead in WITHHELD_FROM_THE_SEAM.items():
+        if calling_generate_argument(name) not in (None, False):
+            raise ValueError(f"transformers does not hand `{name}` to custom_generate=dflash2_hf.custom_generate, so "
+                             f"it would be ignored: {instead}.")
 
 
 def install(release: tuple[int, int] | None = None) -> None:
