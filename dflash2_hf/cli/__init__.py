@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from . import bench, data, evaluate, export, generate, heldout, info, train
-from .checks import check_finite_numbers
+from .checks import check_finite_numbers, check_text_arguments
 
 #: The commands, in the order ``dflash2-hf --help`` lists them.
 COMMANDS = (info, data, train, evaluate, heldout, generate, bench, export)
@@ -20,13 +20,17 @@ USER_ERRORS = (ValueError, OSError)
 
 #: The exit status of a refused command, argparse's for a bad argument.
 REFUSED = 2
+#: The exit status after Ctrl-C, as a shell reports a command ended by SIGINT.
+INTERRUPTED = 130
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``dflash2-hf`` command; its command line is recorded with the results it writes."""
-    args = command_parser().parse_args(argv)
-    args.command_line = "dflash2-hf " + " ".join(sys.argv[1:] if argv is None else argv)  # recorded in results
+    words = list(sys.argv[1:] if argv is None else argv)
+    args = command_parser().parse_args(words)
     try:
+        check_text_arguments(f"dflash2-hf {args.command}", args, words)
+        args.command_line = "dflash2-hf " + " ".join(words)  # recorded in results
         check_finite_numbers(f"dflash2-hf {args.command}", args)
         args.run(args)
     except SystemExit as stop:
@@ -35,6 +39,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         refuse(args.command, stop.code)
     except USER_ERRORS as error:
         refuse(args.command, str(error))
+    except KeyboardInterrupt:
+        print(f"dflash2-hf {args.command}: interrupted; files are written whole or not at all, and data and training "
+              "resume where they stopped.", file=sys.stderr)
+        raise SystemExit(INTERRUPTED) from None
     return 0
 
 

@@ -15,6 +15,7 @@ from ..modeling import DFlashDraftModel
 from .checks import (
     PATHS,
     PROMPT_SOURCES,
+    check_prompts_fit,
     check_bf16_cpu_options,
     check_decoding_sizes,
     check_out_folder,
@@ -210,6 +211,7 @@ def bench(args: argparse.Namespace) -> None:
             drafters = load_drafters(folders, dtype, settings)
             assistant = load_target(args.assistant, dtype=dtype)[0] if args.assistant else None
             prompts = benchmark_prompts(tokenizer, args.prompts, args.per_source)
+            check_prompts_fit("dflash2-hf bench", prompts, args.max_new_tokens, target)
             methods = baseline_methods(assistant) + drafted_methods(args, target, drafters, settings)
             if args.packed_linears:
                 models = [target, *drafters.values(), *([assistant] if assistant else [])]

@@ -168,3 +168,39 @@ def check_selector_paths(command: str, flag: str, paths: list[str], config: DFla
     if needing and not config.is_dflash2:
         raise SystemExit(f"{command}: {flag} {needing[0]} needs a DFlash 2 drafter (a candidate selector); this "
                          "DFlash v1 drafter decodes argmax only.")
+
+
+def check_prompts_fit(command: str, prompts: list[tuple[str, torch.Tensor]], max_new_tokens: int, target) -> None:
+    """Refuse, before any decoding, a tokenized prompt whose answer of ``max_new_tokens`` would not fit in the
+    target's context (``max_position_embeddings``), naming the prompt by its source and place."""
+    context = getattr(target.config.get_text_config(), "max_position_embeddings", None)
+    if context is None:
+        return
+    counts: dict[str, int] = {}
+    for source, ids in prompts:
+        counts[source] = counts.get(source, 0) + 1
+        if ids.shape[-1] + max_new_tokens > context:
+            raise SystemExit(f"{command}: prompt {counts[source]} of {source} has {ids.shape[-1]} tokens; with "
+                             f"--max-new-tokens {max_new_tokens} it would not fit the target's context of {context} "
+                             "tokens. Shorten the prompt or lower --max-new-tokens.")
+
+
+def check_text_arguments(command: str, args: argparse.Namespace, argv: list[str]) -> None:
+    """Refuse, in one line naming the argument, text or a path from the command line that is not valid UTF-8 (bytes
+    Python could only decode with surrogate escapes, such as Latin-1 text from a terminal in another encoding)."""
+    for name, value in vars(args).items():
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str) and not is_unicode_text(text):
+                flag = f"--{name.replace('_', '-')}"
+                shown = flag if flag in argv else name.upper()
+                raise SystemExit(f"{command}: {shown} is not valid UTF-8 ({ascii(text)}); pass it in UTF-8, e.g. "
+                                 "from a terminal set to UTF-8, or convert it with iconv.")
+
+
+def is_unicode_text(text: str) -> bool:
+    """Whether ``text`` encodes to UTF-8 (holds no lone surrogates, which undecodable bytes become)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

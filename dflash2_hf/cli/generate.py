@@ -20,6 +20,7 @@ from ..generation.config import DraftOptions
 from ..modeling import DFlashDraftModel
 from .checks import (
     PATHS,
+    check_prompts_fit,
     check_bf16_cpu_options,
     check_decoding_sizes,
     check_selector_paths,
@@ -118,6 +119,21 @@ def choose_setting(args: argparse.Namespace) -> str | None:
     return f"setting for {cpu_description()}: {setting.describe()} (--dtype float32 or bfloat16 to choose yourself)"
 
 
+def prompt_text(args: argparse.Namespace) -> str:
+    """The prompt: the argument, else standard input (refused when there is none, it is not UTF-8, or it is empty)."""
+    if args.prompt is not None:
+        return args.prompt
+    if sys.stdin is None or sys.stdin.closed:
+        raise SystemExit("dflash2-hf generate: no prompt: pass it as an argument or on standard input.")
+    try:
+        text = sys.stdin.buffer.read().decode("utf-8") if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+    except UnicodeDecodeError as error:
+        raise SystemExit(f"dflash2-hf generate: standard input is not UTF-8 text ({error}).") from None
+    if not text.strip():
+        raise SystemExit("dflash2-hf generate: no prompt: standard input was empty; pass the prompt as an argument.")
+    return text
+
+
 def generate(args: argparse.Namespace) -> None:
     """Answer a prompt with the drafter (streamed), then plain decoding, and report the speedup of this run."""
     from transformers import TextStreamer
@@ -126,6 +142,7 @@ def generate(args: argparse.Namespace) -> None:
 
     chosen = choose_setting(args)
     check_generate_arguments(args)
+    prompt = prompt_text(args)
     if chosen:
         print(f"--- {chosen}", flush=True)
     dtype = getattr(torch, args.dtype)
@@ -135,9 +152,9 @@ def generate(args: argparse.Namespace) -> None:
         PackedLinears(target, drafter).enable()
     if args.exact_attention:  # the target's, for ours and the plain baseline alike
         ExactAttention(target).enable()
-    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     messages = [{"role": "user", "content": prompt}]
     inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    check_prompts_fit("dflash2-hf generate", [("the prompt", inputs["input_ids"])], args.max_new_tokens, target)
     sampling = {"do_sample": True, "temperature": args.temperature, "top_p": args.top_p} if args.temperature > 0 else {"do_sample": False}
     settings = dict(max_new_tokens=args.max_new_tokens, **sampling)
     ours_kwargs = {"assistant_model": drafter, "dflash_path": args.path, "dflash_tree_nodes": args.tree_nodes,
