@@ -26,6 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -122,20 +124,39 @@ def setting_name(record: dict, path: str) -> str:
     return f"tree{branch} ({path})"
 
 
+class Refused(Exception):
+    """A user's mistake: printed as one line naming the script, exit status 2."""
+
+
+def read_json(path: Path, what: str) -> dict:
+    """The JSON object in ``path``; a file that cannot be read, is not UTF-8 JSON or holds no object is refused."""
+    try:
+        record = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise Refused(f"{path} is not {what} ({type(error).__name__}: {error})") from None
+    if not isinstance(record, dict):
+        raise Refused(f"{path} is not {what} (a JSON object)")
+    return record
+
+
 def read_points(paths: list[Path], temperature: float) -> list[Point]:
-    """The points of every evaluate file at ``temperature``; a drafter without its record counts is refused."""
+    """The points of every evaluate file at ``temperature``; a file that is not one, or a drafter without its record
+    counts, is refused naming the file."""
     points = []
     for path in paths:
-        record = json.loads(Path(path).read_text())
-        budget = json.loads((Path(record["drafter"]) / "training.json").read_text()).get("budget", {})
-        if "training_records" not in budget:
-            raise SystemExit(f"learning_curve.py: {record['drafter']}/training.json does not say how many answers it "
-                             "was trained on (budget.training_records; written by `dflash2-hf train` since 2026-12).")
-        for result in record["results"]:
-            if result["temperature"] == temperature:
-                measure = f"{result['benchmark']}, {setting_name(record, result['path'])}"
-                points.append(Point(measure, budget["training_records"], budget["cpu_seconds"],
-                                    result["mean_acceptance_length"]))
+        record = read_json(Path(path), "a `dflash2-hf evaluate --out` file")
+        try:
+            budget = read_json(Path(record["drafter"]) / "training.json", "a training record").get("budget", {})
+            if "training_records" not in budget:
+                raise Refused(f"{record['drafter']}/training.json does not say how many answers it was trained on "
+                              "(budget.training_records; written by `dflash2-hf train` since 2026-12).")
+            for result in record["results"]:
+                if result["temperature"] == temperature:
+                    measure = f"{result['benchmark']}, {setting_name(record, result['path'])}"
+                    points.append(Point(measure, budget["training_records"], budget["cpu_seconds"],
+                                        result["mean_acceptance_length"]))
+        except (KeyError, TypeError) as error:
+            raise Refused(f"{path} is not a `dflash2-hf evaluate --out` file (no field {error})") from None
     return points
 
 
@@ -282,24 +303,43 @@ def arguments() -> argparse.Namespace:
     missing = [str(path) for path in args.evaluations if not path.is_file()]
     if missing:
         parser.error(f"no such evaluate file: {', '.join(missing)}")
+    if args.plot is not None and (args.plot.is_dir() or not os.access(args.plot.parent.resolve(), os.W_OK)
+                                  or not args.plot.parent.is_dir()):
+        parser.error(f"--plot {args.plot}: cannot be written (a folder, or its folder is missing or read-only)")
     return args
 
 
-def main() -> None:
-    args = arguments()
+def report(args: argparse.Namespace) -> None:
+    """Print the table and the check of the fits; draw the curves when ``--plot`` asks."""
     groups = by_measure(read_points(args.evaluations, args.temperature))
     if not groups:
-        raise SystemExit(f"learning_curve.py: the files hold no result at temperature {args.temperature:g}")
+        raise Refused(f"the files hold no result at temperature {args.temperature:g}")
     links = (LOG_LINEAR, logistic(args.block_size))
     try:
         print(table(groups, args.aim, args.answers_per_second, args.training_seconds_per_answer, links))
     except ValueError as error:
-        raise SystemExit(f"learning_curve.py: {error}") from None
+        raise Refused(str(error)) from None
     check = check_table(groups, links)
     if check:
         print(f"\nEach fit on the smaller sizes, at the largest:\n\n{check}")
     if args.plot:
-        print(f"plot written to {plot(groups, args.aim, args.plot, links)}")
+        try:
+            print(f"plot written to {plot(groups, args.aim, args.plot, links)}")
+        except OSError as error:
+            raise Refused(f"--plot {args.plot}: {error}") from None
+
+
+def main() -> None:
+    """Run :func:`report`: a user's mistake is one line and status 2, Ctrl-C one line and status 130."""
+    args = arguments()
+    try:
+        report(args)
+    except Refused as refused:
+        print(f"learning_curve.py: {refused}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        print("learning_curve.py: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

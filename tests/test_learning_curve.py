@@ -127,7 +127,7 @@ def test_a_drafter_record_without_its_answer_count_is_refused_in_one_line(tmp_pa
     del record["budget"]["training_records"]
     (tmp_path / "drafter-100" / "training.json").write_text(json.dumps(record))
     result = run_script(old, "--answers-per-second", "1")
-    assert result.returncode == 1 and "does not say how many answers it was trained on" in result.stderr
+    assert result.returncode == 2 and "does not say how many answers it was trained on" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 
@@ -148,3 +148,27 @@ def test_bad_arguments_are_refused_before_any_file_is_read(tmp_path, argv, messa
 @pytest.mark.parametrize(("value", "shown"), [(15742.4, "15,742"), (9_999_999, "9,999,999"), (2.9e16, "2.9e+16")])
 def test_forecasts_past_ten_million_are_shown_as_powers_of_ten(value, shown):
     assert learning_curve._count(value) == shown
+
+
+BAD_FILES = {  # what the evaluate file holds -> the refusal
+    "an empty file": (b"", "is not a `dflash2-hf evaluate --out` file (JSONDecodeError"),
+    "a binary file": (bytes(range(256)), "is not a `dflash2-hf evaluate --out` file (UnicodeDecodeError"),
+    "JSON of another shape": (b"[1, 2]", "is not a `dflash2-hf evaluate --out` file (a JSON object)"),
+    "an object without its drafter": (b'{"results": []}', "is not a `dflash2-hf evaluate --out` file (no field 'drafter')"),
+}
+
+
+@pytest.mark.parametrize("content, message", BAD_FILES.values(), ids=BAD_FILES.keys())
+def test_a_file_that_is_not_an_evaluate_file_is_refused_in_one_line(tmp_path, content, message):
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(content)
+    result = run_script(bad, "--answers-per-second", "1")
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("plot", ["missing-folder/curve.png", "."], ids=["in a missing folder", "a folder"])
+def test_a_plot_that_cannot_be_written_is_refused_before_any_file_is_read(tmp_path, plot):
+    evaluation = write_run(tmp_path, 100, {"humaneval": 1.1})
+    result = run_script(evaluation, "--answers-per-second", "1", "--plot", tmp_path / plot)
+    assert result.returncode == 2 and "cannot be written" in result.stderr and "Traceback" not in result.stderr
