@@ -1,6 +1,7 @@
 """Real models that ship inside PyPI packages, so everything runs offline (see ``shared/MODELS.md``).
 
-transformers loads a GGUF file with ``from_pretrained(folder, gguf_file=name)`` and de-quantizes it on load. A model
+transformers loads a GGUF file with ``from_pretrained(folder, gguf_file=name)``, de-quantized on load
+(:func:`dense_gguf_loading`). A model
 too big for one package ships as a GGUF file cut into parts, one per package; the parts are joined once into a cache
 folder (``~/.cache/dflash2-hf/gguf/``, or ``$DFLASH2_HF_CACHE``) and the joined file is reused afterwards.
 """
@@ -60,7 +61,19 @@ class GgufSource:
 
     def load_model(self, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
         folder, filename = self.gguf_location()
-        return AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=dtype).eval()
+        return AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=dtype,
+                                                    **dense_gguf_loading()).eval()
+
+
+def dense_gguf_loading() -> dict:
+    """``from_pretrained`` arguments that de-quantize a GGUF file into plain ``nn.Linear`` weights, which decoding
+    packs for oneDNN and verifies row by row exactly. transformers releases that can keep GGUF weights in their
+    blocks (``GgufConfig``) are asked not to, so they neither swap in their own kernels nor warn that a bf16 load
+    of blocks they would then unpack anyway is slow; older releases always de-quantize."""
+    import transformers
+
+    config_class = getattr(transformers, "GgufConfig", None)
+    return {"quantization_config": config_class(dequantize=True)} if config_class else {}
 
 
 @dataclass(frozen=True)

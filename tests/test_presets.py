@@ -158,3 +158,12 @@ def test_qwen25_coder_05b_loads_and_generates():
     new = out[0, inputs["input_ids"].shape[1]:]
     assert new.shape[0] == 24
     assert "def " in tokenizer.decode(new)
+
+
+@pytest.mark.slow
+def test_the_smollm2_preset_loads_dense_linears_in_bf16_without_a_gguf_warning(capfd):
+    """The package packs and verifies plain nn.Linear weights; transformers must neither keep GGUF blocks nor warn
+    that a bf16 load of them is slow."""
+    model, _ = load_target("smollm2-135m", dtype=torch.bfloat16)
+    assert all(type(module) is torch.nn.Linear for name, module in model.named_modules() if name.endswith("_proj"))
+    assert "GGUF checkpoint with its weights packed" not in capfd.readouterr().err
