@@ -1,7 +1,8 @@
 """The module paths of dflash2-hf 0.1's flat layout, kept importable while users move to the wings.
 
-``import dflash2_hf.cpu_kernels`` (or ``from dflash2_hf.block_length import CycleCost``) still works: it gives a
-module that forwards every name to the module's new home and warns, with a ``FutureWarning`` naming the new path.
+``import dflash2_hf.cpu_kernels`` (or ``from dflash2_hf.block_length import CycleCost``, or a star-import) still works:
+it gives a module that forwards every name to the module's new home and warns, with a ``FutureWarning`` naming the new
+path.
 Two wings carry the name of a 0.1 module (``training``, ``drafting``): they forward that module's names the same
 way (:func:`wing_getattr`). The old paths go in dflash2-hf 0.3.
 """
@@ -48,6 +49,8 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         new = importlib.import_module(new_name)
         module.__getattr__ = lambda name: getattr(new, name)
         module.__dir__ = lambda: dir(new)
+        # ``from <old> import *`` imports what ``from <new> import *`` would (each name forwarded by __getattr__)
+        module.__all__ = list(getattr(new, "__all__", [name for name in vars(new) if not name.startswith("_")]))
         module.__doc__ = f"Moved to {new_name}."
 
 

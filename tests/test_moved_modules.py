@@ -52,3 +52,16 @@ def test_a_wing_named_like_an_old_module_still_imports_its_own_submodules_silent
 
     assert lookup.__name__ == "dflash2_hf.drafting.lookup" and data.__name__ == "dflash2_hf.training.data"
     assert not [w for w in recwarn if issubclass(w.category, FutureWarning)]
+
+
+@pytest.mark.parametrize("old", sorted(MOVED_MODULES))
+def test_a_star_import_from_an_old_path_imports_what_one_from_the_new_path_does(old):
+    sys.modules.pop(f"dflash2_hf.{old}", None)
+    through_old, through_new = {}, {}
+    exec(f"from dflash2_hf.{MOVED_MODULES[old]} import *", through_new)
+    with pytest.warns(FutureWarning, match="moved to"):
+        exec(f"from dflash2_hf.{old} import *", through_old)
+    for namespace in (through_old, through_new):
+        namespace.pop("__builtins__"), namespace.pop("__warningregistry__", None)
+    assert through_old and through_old.keys() == through_new.keys()
+    assert all(through_old[name] is through_new[name] for name in through_new)
