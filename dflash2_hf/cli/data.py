@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -80,9 +81,9 @@ def make_data(args: argparse.Namespace) -> None:
         else:
             conversations = (c for source in sources for c in data.iter_conversations(source))
             held_out = [] if args.chat_file else data.sharegpt_benchmark_prompts()  # for `bench --prompts sharegpt`
+        excluded = benchmark_prompts_left_out(own_prompts=bool(args.chat_file) or code is not None)
         prompts = data.training_prompts(conversations, args.limit * 4, max_chars=args.max_prompt_chars,
-                                        exclude=data.excluded_from_training() + held_out, replies=replies,
-                                        answered=answered)
+                                        exclude=excluded + held_out, replies=replies, answered=answered)
     except (FileNotFoundError, ValueError) as error:
         raise SystemExit(f"dflash2-hf data: {error}") from None
     prompts = data.mixed_prompts(prompts)[: args.limit]
@@ -101,6 +102,22 @@ def make_data(args: argparse.Namespace) -> None:
         settings = data.ExistingResponses.settings_for(args.target, prompts, args.max_new_tokens)
         generator = data.ExistingResponses(target, tokenizer, args.out, settings, replies, batch_size=args.batch_size)
     print(answered_line(generator, prompts, args.out, replies is not None))
+
+
+def benchmark_prompts_left_out(own_prompts: bool) -> list[str]:
+    """The HumanEval and MT-Bench prompts no training prompt may hold. The default ShareGPT prompts need them (the
+    benchmarks' held-out ShareGPT tail is picked past them); a user's own chat file or code prompts are answered
+    without them when their packages are not installed, saying so."""
+    from ..training.data import excluded_from_training
+
+    try:
+        return excluded_from_training()
+    except FileNotFoundError as error:
+        if not own_prompts:
+            raise
+        print(f"dflash2-hf data: note: the HumanEval and MT-Bench prompts are not installed, so they are not left "
+              f"out of these prompts ({error})", file=sys.stderr)
+        return []
 
 
 def answered_line(generator, prompts: list[str], out: str, existing: bool) -> str:
