@@ -73,7 +73,7 @@ def test_generate_refuses_a_prompt_past_the_targets_context_before_decoding(targ
     monkeypatch.setattr(torch.nn.Module, "__call__", lambda *a, **k: decoded.append(a) or pytest.fail("decoded"))
     message = refusal(["generate", "word " * 80, "--target", target, "--drafter", drafter, "--dtype", "float32",
                        "--max-new-tokens", "8"])
-    assert "prompt" in message and "would not fit the target's context of 64 tokens" in message
+    assert "the prompt has" in message and "would pass the target's context of 64 tokens" in message
 
 
 def test_bench_refuses_a_prompt_past_the_targets_context_before_decoding(target, drafter, tmp_path, monkeypatch):
@@ -82,7 +82,7 @@ def test_bench_refuses_a_prompt_past_the_targets_context_before_decoding(target,
     monkeypatch.setattr(torch.nn.Module, "__call__", lambda *a, **k: pytest.fail("decoded"))
     message = refusal(["bench", "--target", target, "--drafter", drafter, "--prompts", str(prompts), "--per-source",
                        "2", "--dtype", "float32", "--out", str(tmp_path / "report"), "--max-new-tokens", "8"])
-    assert "prompt 2 of long has" in message and "context of 64 tokens" in message
+    assert "prompt 2 of long has" in message and "would pass the target's context of 64 tokens" in message
     assert not (tmp_path / "report").exists()
 
 

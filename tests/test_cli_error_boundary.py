@@ -66,7 +66,7 @@ def train_data(folder: Path) -> str:
 MISTAKES = {
     "generate: a prompt longer than the target's context": (
         lambda target, tmp: generate_argv(target, saved_drafter(tmp / "d"), prompt="word " * 200),
-        "the target's context holds 64 (max_position_embeddings). Shorten the prompt."),
+        "the answer would pass the target's context of 64 tokens (max_position_embeddings). Shorten the prompt"),
     "generate: a drafter made for another vocabulary": (
         lambda target, tmp: generate_argv(target, saved_drafter(tmp / "d", vocab_size=1000)),
         "does not fit the target model: vocabulary: drafter 1000, target 49152."),

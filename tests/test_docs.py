@@ -333,6 +333,9 @@ DOCUMENTED_COMMANDS = {
         "tests/test_cli.py::test_data_answers_the_chat_file_prompts_with_the_target",
     "python scripts/training_throughput.py --data DIR --records 40 --dtype bfloat16":
         "tests/test_scripts.py::test_training_throughput_script_times_features_and_steps_on_the_real_target",
+    "python scripts/training_throughput.py --data ../shared/data/smollm2-135m-chat-a --dtype bfloat16 --records 24 "
+    "--steps 4 --batch-size B --blocks N --threads 2":
+        "tests/test_scripts.py::test_training_throughput_script_times_features_and_steps_on_the_real_target",
     # docs/training.md: the learning curve (the data commands as above on the tiny target; training with a feature
     # store, 3 steps; evaluate with the tree options on 1 prompt; the script on two made-up drafters' records).
     "dflash2-hf data --target smollm2-135m --out runs/curve-a --limit 300 --max-new-tokens 256":

@@ -180,9 +180,10 @@ def check_prompts_fit(command: str, prompts: list[tuple[str, torch.Tensor]], max
     for source, ids in prompts:
         counts[source] = counts.get(source, 0) + 1
         if ids.shape[-1] + max_new_tokens > context:
-            raise SystemExit(f"{command}: prompt {counts[source]} of {source} has {ids.shape[-1]} tokens; with "
-                             f"--max-new-tokens {max_new_tokens} it would not fit the target's context of {context} "
-                             "tokens. Shorten the prompt or lower --max-new-tokens.")
+            where = "the prompt" if len(prompts) == 1 else f"prompt {counts[source]} of {source}"
+            raise SystemExit(f"{command}: {where} has {ids.shape[-1]} tokens; with --max-new-tokens {max_new_tokens} "
+                             f"the answer would pass the target's context of {context} tokens "
+                             "(max_position_embeddings). Shorten the prompt or lower --max-new-tokens.")
 
 
 def check_text_arguments(command: str, args: argparse.Namespace, argv: list[str]) -> None:

@@ -154,7 +154,7 @@ def generate(args: argparse.Namespace) -> None:
         ExactAttention(target).enable()
     messages = [{"role": "user", "content": prompt}]
     inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    check_prompts_fit("dflash2-hf generate", [("the prompt", inputs["input_ids"])], args.max_new_tokens, target)
+    check_prompts_fit("dflash2-hf generate", [("argv", inputs["input_ids"])], args.max_new_tokens, target)
     sampling = {"do_sample": True, "temperature": args.temperature, "top_p": args.top_p} if args.temperature > 0 else {"do_sample": False}
     settings = dict(max_new_tokens=args.max_new_tokens, **sampling)
     ours_kwargs = {"assistant_model": drafter, "dflash_path": args.path, "dflash_tree_nodes": args.tree_nodes,
