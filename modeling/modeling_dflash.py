@@ -137,7 +137,6 @@ class DFlashAttention(nn.Module):
         )
         return self.o_proj(output.reshape(batch, q_len, -1))
 
-
     def _packed_blocks_attention(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, context_mask: torch.Tensor,
         position_ids: torch.Tensor, block_length: int,
@@ -378,7 +377,10 @@ def _checkpoint_files(location: Any, hub_kwargs: dict) -> list[str]:
     location = os.fspath(location)
     if os.path.isdir(location):
         return [os.path.join(location, name) for name in sorted(os.listdir(location)) if name.endswith(".safetensors")]
-    found = cached_file(location, "model.safetensors", _raise_exceptions_for_missing_entries=False, **hub_kwargs)
+    try:
+        found = cached_file(location, "model.safetensors", **hub_kwargs)
+    except OSError:  # sharded, or not on the Hub: loading itself read the files and found nothing amiss
+        return []
     return [found] if found else []
 
 

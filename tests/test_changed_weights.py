@@ -115,3 +115,10 @@ def test_a_call_after_the_drafters_weights_changed_drafts_with_the_new_weights(p
     decode(target, fresh)
     assert [d.candidate_ids.tolist() for d in changed] == [
         d.candidate_ids.tolist() for d in fresh.last_generation_stats.drafts]
+
+
+def test_without_torchs_tensor_hash_the_values_are_hashed_all_the_same(monkeypatch, one_thread):
+    """torch before 2.8 has no ``torch.hash_tensor``: the weights' bytes are hashed instead, with the same effect."""
+    monkeypatch.delattr(torch, "hash_tensor", raising=False)
+    test_a_call_after_the_targets_weights_changed_matches_plain_decoding_with_the_new_weights(*CHANGES[
+        ".data in place"], one_thread)

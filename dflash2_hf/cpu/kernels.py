@@ -27,6 +27,7 @@ until :meth:`PackedLinears.enable` runs again (it repacks every weight that chan
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
 import platform
 import weakref
@@ -218,7 +219,16 @@ def weight_fingerprint(weight: torch.Tensor) -> tuple:
     bits). Read from the values themselves, so any change is seen however it was made: ``.data`` writes and PEFT's
     merge (which leave the version counter alone), in-place ops, ``load_state_dict``, ``to()``, a swapped
     ``nn.Parameter``."""
-    return weight.dtype, tuple(weight.shape), int(torch.hash_tensor(weight.detach()).view(torch.int64))
+    return weight.dtype, tuple(weight.shape), _values_hash(weight.detach())
+
+
+def _values_hash(weight: torch.Tensor) -> int:
+    """A hash of every value of ``weight``: torch's XOR reduction where this torch has it (2.8 on), else BLAKE2 over
+    the tensor's bytes (read in place, no copy)."""
+    if hasattr(torch, "hash_tensor"):
+        return int(torch.hash_tensor(weight).view(torch.int64))
+    raw = weight.contiguous().cpu().view(torch.uint8).numpy()
+    return int.from_bytes(hashlib.blake2b(memoryview(raw), digest_size=8).digest(), "little")
 
 
 #: Every packed weight, by its layer: made once and reused by later :class:`PackedLinears` (and ``generate`` calls),
