@@ -15,9 +15,9 @@ from ..modeling import DFlashDraftModel
 from .checks import (
     PATHS,
     PROMPT_SOURCES,
-    check_prompts_fit,
     check_bf16_cpu_options,
     check_decoding_sizes,
+    check_prompts_fit,
     check_out_folder,
     check_target_argument,
     drafter_config,

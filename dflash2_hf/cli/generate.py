@@ -20,9 +20,9 @@ from ..generation.config import DraftOptions
 from ..modeling import DFlashDraftModel
 from .checks import (
     PATHS,
-    check_prompts_fit,
     check_bf16_cpu_options,
     check_decoding_sizes,
+    check_prompts_fit,
     check_selector_paths,
     check_target_argument,
     drafter_config,
