@@ -166,7 +166,8 @@ def test_train_init_from_with_selector_only_changes_only_the_selector(target, da
 def test_train_init_from_continues_the_whole_drafter_in_its_layout_on_new_data(target, data, trained, tmp_path):
     source = trained / "drafter"
     run(train_argv(target, data[0], tmp_path / "run", "--init-from", str(source), "--layers", "2",
-                   "--heldout-fraction", "0.25", "--selector-gold", "skip", "--feature-store", str(tmp_path / "store")))
+                   "--heldout-fraction", "0.25", "--selector-gold", "skip", "--feature-store", str(tmp_path / "store"),
+                   "--dtype", "float32"))
     before, after = load_file(source / "model.safetensors"), load_file(tmp_path / "run" / "drafter" / "model.safetensors")
     assert before.keys() == after.keys() and all(before[name].shape == after[name].shape for name in before)
     projections = {name for name in before if name.startswith("layers.") and name.endswith("_proj.weight")}

@@ -229,6 +229,10 @@ DOCUMENTED_COMMANDS = {
     "dflash2-hf train --data runs/smollm2-data runs/smollm2-data2 --out runs/smollm2-train3 --init-from "
     "runs/smollm2-train2/drafter --steps 1800 --batch-size 4 --blocks 24 --lr 1e-3 --warmup 50 --checkpoint-every 200":
         "tests/test_cli.py::test_train_init_from_continues_the_whole_drafter_in_its_layout_on_new_data",
+    # docs/training.md, many blocks per answer: a new drafter per density, features in one store.
+    "dflash2-hf train --data runs/lever-data --heldout-fraction 0.25 --feature-store runs/lever-features --dtype "
+    "bfloat16 --out runs/lever-a --steps 450 --batch-size 4 --blocks 24 --warmup 25 --checkpoint-every 150":
+        "tests/test_cli.py::test_train_init_from_continues_the_whole_drafter_in_its_layout_on_new_data",
     "dflash2-hf heldout dflash2_hf/drafters/smollm2-135m --data runs/smollm2-data runs/smollm2-data2 "
     "--heldout-fraction 0.05 --anchors decoding":
         "tests/test_cli.py::test_heldout_can_follow_the_anchors_greedy_decoding_visits",
