@@ -158,10 +158,10 @@ BF16_CPUS = [
 
 @pytest.mark.parametrize(("cpu", "warning"), BF16_CPUS, ids=["emulated", "blocks-round-unlike-rows", "exact"])
 def test_bf16_where_it_is_slow_or_inexact_warns_and_names_float32(monkeypatch, cpu, warning):
-    from dflash2_hf.generation import integration
+    from dflash2_hf.generation import request
 
-    monkeypatch.setattr(integration, "native_bf16_matmuls", lambda: cpu[0])
-    monkeypatch.setattr(integration, "bf16_rows_independent", lambda: cpu[1])
+    monkeypatch.setattr(request, "native_bf16_matmuls", lambda: cpu[0])
+    monkeypatch.setattr(request, "bf16_rows_independent", lambda: cpu[1])
     target = tiny_target("qwen3", seed=1).to(torch.bfloat16)
     drafter = tiny_drafter("dflash2", seed=0).to(torch.bfloat16)
     with warnings.catch_warnings(record=True) as caught:
