@@ -15,10 +15,8 @@ The exported folder holds
 * ``README.md``, a model card: YAML metadata, usage, the training record (``training.json`` next to the drafter) and
   the measurements of a ``dflash2-hf bench`` report when one is given. Nothing is filled in that was not recorded.
 
-With ``published_layout=True`` the folder follows the published DFlash 2 checkpoints instead: ``model_type: qwen3``,
-only the published ``dflash_config`` fields, no ``auto_map`` and no remote code. Tensor names need no change: the
-drafter already uses the published names. A factorised selector has no published form of its own, so its codebooks
-are materialised from the target's input embeddings (``P = E @ A``, ``S = E @ B``): the export then needs the target.
+With ``layout="published"`` (or ``"speculators"``) the config follows the published DFlash 2 checkpoints (or
+speculators' format, what vLLM serves) instead, without remote code (:mod:`dflash2_hf.export_layouts`).
 
 Every check runs before anything is written, and the folder is assembled next to ``OUT`` and moved into place at
 the end, so a failed export leaves nothing behind and ``overwrite`` replaces a folder only with a complete one.
@@ -26,7 +24,6 @@ the end, so a failed export leaves nothing behind and ``overwrite`` replaces a f
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 import tempfile
@@ -37,26 +34,22 @@ from huggingface_hub import ModelCardData
 from transformers import GenerationConfig
 
 from . import __version__
+from .export_layouts import (
+    LAYOUTS,
+    ExportError,
+    check_publishable,
+    check_speculators_expressible,
+    verifier_entry,
+    with_materialised_codebooks,
+    write_published_config,
+    write_speculators_config,
+)
 from .generation.config import DraftOptions
 from .measuring.benchmark import markdown_table
-from .modeling import DFLASH_FIELDS, DFlashConfig, DFlashDraftModel
+from .modeling import DFlashConfig, DFlashDraftModel
 from .training.checkpoint import check_writable_folder
 
 CARD_TAGS = ["speculative-decoding", "dflash", "dflash2"]
-
-#: ``model_type`` and ``dflash_config`` fields of the published DFlash 2 configs.
-PUBLISHED_MODEL_TYPE = "qwen3"
-PUBLISHED_DFLASH2_FIELDS = (
-    "block_size",
-    "conv_group_size",
-    "conv_kernel_size",
-    "final_logit_softcapping",
-    "mask_token_id",
-    "output_multiplier",
-    "selector_rank",
-    "selector_top_k",
-    "target_layer_ids",
-)
 
 NO_MEASUREMENTS = (
     "No measurements are attached to this export: acceptance length and speedup have not been measured for it. "
@@ -73,10 +66,6 @@ Written by `dflash2-hf export`; the decoding is the dflash2-hf package's (see re
 
 from dflash2_hf.generation.exported import generate  # noqa: F401  (the function transformers calls)
 '''
-
-
-class ExportError(ValueError):
-    """An export was refused before anything was written; the message says why."""
 
 
 def describe_drafter(folder: str) -> dict:
@@ -140,56 +129,6 @@ def recommended_options(drafter: DFlashDraftModel, path: str | None) -> DraftOpt
         return DraftOptions.for_drafter(drafter)
     except ValueError as error:
         raise ExportError(str(error)) from None
-
-
-def with_materialised_codebooks(drafter: DFlashDraftModel, target: torch.nn.Module | None) -> DFlashDraftModel:
-    """The drafter with a full-codebook selector that scores exactly as its factorised one does for ``target``.
-
-    The codebooks are ``E @ A`` and ``E @ B`` (``CandidateSelector.codebooks``, computed in float32 from the target's
-    input embedding matrix ``E``) in the drafter's dtype; every other weight is kept. A drafter without a factorised
-    selector is returned unchanged.
-    """
-    selector = drafter.candidate_selector
-    if selector is None or not selector.factorised:
-        return drafter
-    if target is None:
-        raise ExportError("This drafter's candidate selector is factorised: the published layout stores full codebooks "
-                          "computed from the target's input embeddings; pass the target (--target).")
-    try:
-        drafter.config.check_fits_target(target.config, target.get_output_embeddings().weight.shape[0])
-    except ValueError as error:
-        raise ExportError(str(error)) from None
-    table = target.get_input_embeddings().weight.detach()
-    if table.shape[0] != drafter.config.vocab_size:
-        raise ExportError(f"The target's input embeddings have {table.shape[0]} rows; the drafter's vocabulary is "
-                          f"{drafter.config.vocab_size}.")
-    config = copy.deepcopy(drafter.config)
-    config.selector_factorised = False
-    full = DFlashDraftModel.class_for_config(config)(config).to(drafter.dtype).eval()
-    weights = {name: tensor for name, tensor in drafter.state_dict().items()
-               if not name.startswith(("candidate_selector.predecessor_", "candidate_selector.successor_"))}
-    with torch.no_grad():
-        predecessors, successors = selector.codebooks(table)
-    weights["candidate_selector.predecessor_codebook"] = predecessors
-    weights["candidate_selector.successor_codebook"] = successors
-    full.load_state_dict(weights, strict=True)
-    return full
-
-
-def check_publishable(config: DFlashConfig) -> None:
-    """Refuse a drafter the published DFlash 2 layout cannot describe: a v1 drafter, or drafting fields the published
-    ``dflash_config`` has no place for set to anything but the value a loader assumes when they are absent."""
-    if not config.is_dflash2:
-        raise ExportError("The published DFlash 2 layout needs a DFlash 2 drafter; this one is DFlash v1.")
-    unsupported = {
-        name: getattr(config, name)
-        for name in DFLASH_FIELDS
-        if name not in PUBLISHED_DFLASH2_FIELDS and getattr(config, name) != getattr(DFlashConfig, name)
-    }
-    if unsupported:
-        settings = ", ".join(f"{name}={value!r}" for name, value in unsupported.items())
-        raise ExportError(f"The published DFlash 2 layout has no field for {settings}; export without "
-                          "--published-layout (and without --path) to keep it.")
 
 
 def read_training_record(folder: Path) -> dict | None:
@@ -270,16 +209,13 @@ def card_metadata(base_model: str | None, license_id: str) -> str:
 
 
 def model_card(name: str, drafter: DFlashDraftModel, options: DraftOptions, base_model: str | None, license_id: str,
-               training: str, measurements: str, published_layout: bool) -> str:
-    """README.md for the exported folder ``name`` holding ``drafter``: metadata, summary, usage, training and
-    measurements."""
+               training: str, measurements: str, layout: str = "package") -> str:
+    """README.md for the exported folder ``name`` holding ``drafter`` in ``layout``: metadata, summary, usage,
+    training and measurements."""
     info = describe_config(drafter.config)
     factorised = ", factorised over the target's input embeddings" if info["selector"] == "factorised" else ""
     target = f"`{base_model}`" if base_model else "its target model (not recorded)"
-    loading = ("The config and weights follow the published DFlash 2 layout (`model_type: qwen3`, no remote code)."
-               if published_layout else
-               "`AutoModel.from_pretrained(..., trust_remote_code=True)` also loads the drafter from the code in this "
-               "folder, without the package; decoding with it needs `dflash2_hf`.")
+    loading = layout_note(name, layout, base_model, options.block_size - 1)
     return f"""{card_metadata(base_model, license_id)}
 # {name}
 
@@ -321,25 +257,37 @@ By default `generate` drafts blocks of
 """
 
 
-def write_published_config(folder: Path) -> None:
-    """Rewrite a saved folder's config in the published DFlash 2 layout and drop the remote code it no longer maps."""
-    path = folder / "config.json"
-    config = json.loads(path.read_text())
-    config.pop("auto_map", None)
-    config["model_type"] = PUBLISHED_MODEL_TYPE
-    config["dflash_config"] = {k: v for k, v in config["dflash_config"].items() if k in PUBLISHED_DFLASH2_FIELDS}
-    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    for code in folder.glob("*.py"):
-        code.unlink()
+def layout_note(name: str, layout: str, base_model: str | None, drafted_tokens: int) -> str:
+    """The model card's paragraph on what reads the folder's layout (for speculators': how vLLM serves it, drafting
+    ``drafted_tokens`` per block)."""
+    if layout == "published":
+        return "The config and weights follow the published DFlash 2 layout (`model_type: qwen3`, no remote code)."
+    if layout == "speculators":
+        verifier = f"`{base_model}`" if base_model else "the target (not recorded: name it on the command line)"
+        return f"""The config and weights follow speculators' format (`speculators_model_type`, no remote code), which
+vLLM serves; the verifier named in `config.json` is {verifier}:
+
+```bash
+vllm serve {name}
+```
+
+or, naming the target first: `vllm serve TARGET --speculative-config '{{"model": "{name}", "num_speculative_tokens":
+{drafted_tokens}}}'`. speculators' `from_pretrained` loads it too."""
+    return ("`AutoModel.from_pretrained(..., trust_remote_code=True)` also loads the drafter from the code in this "
+            "folder, without the package; decoding with it needs `dflash2_hf`.")
 
 
 def write_folder(
-    folder: Path, drafter: DFlashDraftModel, options: DraftOptions, card: str, published_layout: bool
+    folder: Path, drafter: DFlashDraftModel, options: DraftOptions, card: str, layout: str = "package",
+    verifier: dict | None = None,
 ) -> None:
-    """Weights, config and remote code (``save_pretrained``), generation config and model card into ``folder``."""
+    """Weights, config and remote code (``save_pretrained``), generation config and model card into ``folder``, the
+    config rewritten in ``layout`` (``verifier``: speculators' entry naming the target)."""
     drafter.save_pretrained(folder)
-    if published_layout:
+    if layout == "published":
         write_published_config(folder)
+    elif layout == "speculators":
+        write_speculators_config(folder, verifier)
     GenerationConfig(dflash_path=options.path.value, dflash_block_size=options.block_size).save_pretrained(folder)
     write_custom_generate(folder / "custom_generate")
     (folder / "README.md").write_text(card)
@@ -371,6 +319,29 @@ def move_into_place(staging: Path, out: Path) -> None:
     shutil.rmtree(aside.parent)
 
 
+def chosen_layout(layout: str, published_layout: bool) -> str:
+    """The layout an export writes: ``layout``, or ``published`` for the 0.1 flag; refuses an unknown name or the
+    flag beside another layout."""
+    if layout not in LAYOUTS:
+        raise ExportError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}.")
+    if published_layout and layout not in ("package", "published"):
+        raise ExportError(f"--published-layout asks for the published layout; --format {layout} for another: give one.")
+    return "published" if published_layout else layout
+
+
+def in_layout(drafter: DFlashDraftModel, layout: str, target: torch.nn.Module | None) -> DFlashDraftModel:
+    """The drafter as ``layout`` stores it (a factorised selector materialised as codebooks), refused when the
+    layout cannot describe it."""
+    if layout == "package":
+        return drafter
+    drafter = with_materialised_codebooks(drafter, target, layout)
+    if layout == "published":
+        check_publishable(drafter.config)
+    else:
+        check_speculators_expressible(drafter.config)
+    return drafter
+
+
 def export_drafter(
     drafter_folder: str | Path,
     out: str | Path,
@@ -380,6 +351,7 @@ def export_drafter(
     results: str | Path | None = None,
     path: str | None = None,
     dtype: torch.dtype = torch.bfloat16,
+    layout: str = "package",
     published_layout: bool = False,
     target: torch.nn.Module | None = None,
     overwrite: bool = False,
@@ -392,30 +364,32 @@ def export_drafter(
         results: ``results.json`` or ``results.md`` of ``dflash2-hf bench`` for the card's measurements.
         path: path strategy to make ``generate``'s default (default: the drafter's own default).
         dtype: dtype of the exported weights.
-        published_layout: write the published DFlash 2 layout instead of ours (no remote code).
+        layout: ``package`` (this package's config and remote code), ``published`` (the published DFlash 2 layout)
+            or ``speculators`` (speculators' format, which vLLM serves); the last two carry no remote code.
+        published_layout: the same as ``layout="published"`` (kept from 0.1).
         target: the target model the drafter drafts for; needed only to export a factorised selector in the
-            published layout (its codebooks are computed from the target's input embeddings).
+            published or speculators layout (its codebooks are computed from the target's input embeddings), and
+            read for the target's architectures in speculators' ``verifier`` entry.
         overwrite: replace ``out`` when it exists and is not empty.
 
     Raises:
         ExportError: before anything is written, when the export cannot be done as asked.
     """
     drafter_folder, out = Path(drafter_folder), Path(out)
+    layout = chosen_layout(layout, published_layout)
     check_destination(out, drafter_folder, overwrite)
     drafter = load_drafter(drafter_folder, dtype)
     options = recommended_options(drafter, path)
-    if published_layout:
-        drafter = with_materialised_codebooks(drafter, target)
-        check_publishable(drafter.config)
+    drafter = in_layout(drafter, layout, target)
     record = read_training_record(drafter_folder)
     base_model = base_model or (record or {}).get("target")
     measurements = measurements_section(Path(results) if results is not None else None)
     card = model_card(out.name, drafter, options, base_model, license_id, training_section(record), measurements,
-                      published_layout)
+                      layout)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        write_folder(staging, drafter, options, card, published_layout)
+        write_folder(staging, drafter, options, card, layout, verifier_entry(base_model, target))
         move_into_place(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -6,7 +6,8 @@ One config class reads every published layout:
   nested ``dflash_config`` dict with ``block_size`` at the top level),
 * DFlash 2 drafters (``architectures: [DFlash2DraftModel]``, ``dflash_config`` adds the convolution and selector
   fields),
-* transformers' own ``MuseGlimmerAssistantModel`` (``model_type: muse_glimmer_assistant``, drafting fields flat).
+* transformers' own ``MuseGlimmerAssistantModel`` (``model_type: muse_glimmer_assistant``, drafting fields flat),
+* speculators' ``dflash`` / ``dflash2`` format (``speculators_model_type``; mapped by :mod:`.speculators_format`).
 
 Drafting fields are plain attributes on the config object wherever the file put them, and are written back nested
 under ``dflash_config`` (the published DFlash 2 convention) so the saved file loads in the reference implementation
@@ -25,6 +26,8 @@ import torch
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from .speculators_format import config_from_speculators, is_speculators_config
 
 #: Fields that configure drafting (as opposed to the transformer body); serialised under ``dflash_config``.
 DFLASH_FIELDS = (
@@ -335,7 +338,8 @@ class DFlashConfig(PreTrainedConfig):
 
     @classmethod
     def get_config_dict(cls, pretrained_model_name_or_path: Any, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Read a config file and accept it only if it describes a drafter layout this class knows.
+        """Read a config file and accept it only if it describes a drafter layout this class knows (speculators'
+        format is converted first, :mod:`.speculators_format`).
 
         A local folder that does not exist or holds no ``config.json`` is named as such (a Hub repo id is looked up
         as transformers does); a file without the drafting fields is refused with the one that is missing, before a
@@ -343,6 +347,8 @@ class DFlashConfig(PreTrainedConfig):
         """
         _check_local_source(pretrained_model_name_or_path, kwargs.get("subfolder", ""))
         config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
+        if is_speculators_config(config_dict):
+            config_dict = config_from_speculators(config_dict, pretrained_model_name_or_path)
         model_type = config_dict.get("model_type", cls.model_type)
         architectures = config_dict.get("architectures") or []
         unknown = [name for name in (architectures if _is_list(architectures) else [architectures])
@@ -467,6 +473,7 @@ class DFlashConfig(PreTrainedConfig):
 
     def to_dict(self) -> dict[str, Any]:
         output = super().to_dict()
+        output.pop("checkpoint_format", None)  # where the weights came from, not a property of the drafter
         output["dflash_config"] = {name: output.pop(name) for name in DFLASH_FIELDS if output.get(name) is not None}
         for name in DFLASH_FIELDS:
             output.pop(name, None)

@@ -29,7 +29,6 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import cached_file
 from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3MLP,
     Qwen3RMSNorm,
@@ -37,8 +36,10 @@ from transformers.models.qwen3.modeling_qwen3 import (
     eager_attention_forward,
     rotate_half,
 )
+from transformers.utils import cached_file
 
 from .configuration_dflash import DFlashConfig
+from .speculators_format import CHECKPOINT_FORMAT, VERIFIER_TENSORS
 
 #: Checkpoint names of transformers' ``MuseGlimmerAssistantModel`` layout -> names used here.
 ASSISTANT_KEY_MAPPING = {r"^encoder\.fc\.": "fc.", r"^encoder\.output_norm_enc\.": "hidden_norm."}
@@ -391,11 +392,13 @@ def stored_dtypes(path: str) -> dict[str, str]:
     return {name: entry["dtype"] for name, entry in header.items() if name != "__metadata__"}
 
 
-def check_stored_dtypes(location: Any, hub_kwargs: dict) -> None:
+def check_stored_dtypes(location: Any, hub_kwargs: dict, not_loaded: frozenset[str] = frozenset()) -> None:
     """Refuse a checkpoint storing a weight as anything but floating point (an integer ``fc.weight`` would
-    otherwise be cast to float on load and draft silently wrong), naming the tensor."""
+    otherwise be cast to float on load and draft silently wrong), naming the tensor; ``not_loaded``: tensors of the
+    file that the drafter does not load (a speculators checkpoint's integer vocabulary maps)."""
     for path in _checkpoint_files(location, hub_kwargs):
-        wrong = {name: dtype for name, dtype in stored_dtypes(path).items() if dtype not in FLOATING_SAFETENSORS_DTYPES}
+        wrong = {name: dtype for name, dtype in stored_dtypes(path).items()
+                 if dtype not in FLOATING_SAFETENSORS_DTYPES and name not in not_loaded}
         if wrong:
             named = ", ".join(f"{name} ({dtype})" for name, dtype in sorted(wrong.items()))
             raise DrafterLoadError(f"Checkpoint at {location} stores {named}, not floating point; a "
@@ -449,7 +452,8 @@ class DFlashPreTrainedModel(PreTrainedModel):
         """Load a drafter from any published layout, refusing partial or mis-shaped checkpoints.
 
         The class is picked from the config (DFlash 2 when it has a candidate selector); checkpoints in transformers'
-        ``MuseGlimmerAssistantModel`` layout are renamed on load. Only safetensors files are read.
+        ``MuseGlimmerAssistantModel`` layout are renamed on load, and a speculators checkpoint's verifier-owned
+        tensors (``modeling.speculators_format.VERIFIER_TENSORS``) are left unloaded. Only safetensors files are read.
         """
         refuse_meta_device_map(kwargs.get("device_map"))
         config = kwargs.pop("config", None)
@@ -475,7 +479,9 @@ class DFlashPreTrainedModel(PreTrainedModel):
                 f"The safetensors file at {pretrained_model_name_or_path} is truncated or corrupt ({error}); "
                 "download or save it again."
             ) from error
-        check_stored_dtypes(pretrained_model_name_or_path, hub_kwargs)
+        not_loaded = VERIFIER_TENSORS if getattr(config, "checkpoint_format", None) == CHECKPOINT_FORMAT else frozenset()
+        check_stored_dtypes(pretrained_model_name_or_path, hub_kwargs, not_loaded)
+        info["unexpected_keys"] = {key for key in info.get("unexpected_keys") or [] if key not in not_loaded}
         problems = [
             f"{kind.replace('_', ' ')}: {', '.join(sorted(map(_describe_key, info.get(kind) or [])))}"
             for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")

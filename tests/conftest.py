@@ -15,6 +15,7 @@ from transformers.generation.utils import GenerationMixin
 from dflash2_hf import DFlashConfig, DFlashDraftModel
 from dflash2_hf.cost.cycle_cost import CycleCost
 from dflash2_hf.cpu.kernels import exact_bf16_supported, packed_linears_supported
+from dflash2_hf.drafting.block import BlockDrafter
 from dflash2_hf.generation import integration
 from dflash2_hf.measuring.exactness import randomize
 
@@ -76,6 +77,24 @@ def new_drafter(kind: str = "dflash2", **overrides) -> DFlashDraftModel:
     config = tiny_drafter_config(kind, **overrides)
     torch.manual_seed(0)
     return DFlashDraftModel.class_for_config(config)(config)
+
+
+def drafted_blocks(target, drafter, prompt, monkeypatch, **options) -> tuple[list[int], list[tuple[int, torch.Tensor]]]:
+    """Greedy decoding of ``prompt`` with ``drafter`` (fp32, unpacked: its features differ from one full forward's
+    by rounding only): the sequence it emitted and, for every block it drafted, the anchor position and the drafter's
+    hidden states of the drafted positions."""
+    drafts = []
+    draft = BlockDrafter.draft
+
+    def recording_draft(self, context, anchor_id, anchor_position, length):
+        lattice, hidden = draft(self, context, anchor_id, anchor_position, length)
+        drafts.append((anchor_position, hidden[0].clone()))
+        return lattice, hidden
+
+    monkeypatch.setattr(BlockDrafter, "draft", recording_draft)
+    output = target.generate(prompt, max_new_tokens=40, do_sample=False, assistant_model=drafter,
+                             dflash_packed_linears=False, dflash_plain_fallback=False, **options)
+    return output[0].tolist(), drafts
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from dflash2_hf.cli import main
 from dflash2_hf.export import NO_MEASUREMENTS, ExportError, export_drafter
 from dflash2_hf.generation import exported
 from dflash2_hf.measuring.benchmark import Run, markdown_table, summarize
-from dflash2_hf.modeling import configuration_dflash, modeling_dflash
+from dflash2_hf.modeling import configuration_dflash, modeling_dflash, speculators_format
 from dflash2_hf.training.trainer import TrainingConfig
 
 BUDGET = {"steps": 7, "sequences": 28, "cpu_seconds": 12.5}
@@ -101,11 +101,11 @@ def test_export_loads_back_identically_with_and_without_remote_code(drafter_fold
     out = export_drafter(drafter_folder, tmp_path / "hub")
     names = {path.name for path in out.iterdir()}
     assert names == {"config.json", "model.safetensors", "configuration_dflash.py", "modeling_dflash.py",
-                     "generation_config.json", "README.md", "custom_generate"}
+                     "speculators_format.py", "generation_config.json", "README.md", "custom_generate"}
     config = json.loads((out / "config.json").read_text())
     assert config["auto_map"] == {"AutoConfig": "configuration_dflash.DFlashConfig",
                                   "AutoModel": "modeling_dflash.DFlash2DraftModel"}
-    for module in (configuration_dflash, modeling_dflash):
+    for module in (configuration_dflash, modeling_dflash, speculators_format):
         source = Path(module.__file__)
         assert (out / source.name).read_text() == source.read_text(), "the remote code is the package's own"
     assert set(tensor_layout(out / "model.safetensors").values()) == {"BF16"}

@@ -11,8 +11,7 @@ import copy
 import pytest
 import torch
 
-from conftest import PARITY_TOLERANCE, tiny_drafter, tiny_target
-from dflash2_hf.drafting.block import BlockDrafter
+from conftest import PARITY_TOLERANCE, drafted_blocks, tiny_drafter, tiny_target
 from dflash2_hf.training.blocks import blocks_at
 from dflash2_hf.training.trainer import DrafterTrainer, TrainingConfig
 
@@ -30,24 +29,6 @@ PLANS = {  # the default plan drafts trees and copies branches; one path per cyc
     "default plan": {},
     "one argmax path": dict(dflash_path="argmax", dflash_tree_nodes=0, dflash_lookup_tokens=0),
 }
-
-
-def drafted_blocks(target, drafter, prompt, monkeypatch, **options) -> tuple[list[int], list[tuple[int, torch.Tensor]]]:
-    """Greedy decoding of ``prompt`` with ``drafter`` (fp32, unpacked: its features differ from one full forward's
-    by rounding only): the sequence it emitted and, for every block it drafted, the anchor position and the drafter's
-    hidden states of the drafted positions."""
-    drafts = []
-    draft = BlockDrafter.draft
-
-    def recording_draft(self, context, anchor_id, anchor_position, length):
-        lattice, hidden = draft(self, context, anchor_id, anchor_position, length)
-        drafts.append((anchor_position, hidden[0].clone()))
-        return lattice, hidden
-
-    monkeypatch.setattr(BlockDrafter, "draft", recording_draft)
-    output = target.generate(prompt, max_new_tokens=40, do_sample=False, assistant_model=drafter,
-                             dflash_packed_linears=False, dflash_plain_fallback=False, **options)
-    return output[0].tolist(), drafts
 
 
 def trained_blocks(target, drafter, sequence: list[int], prompt_length: int, anchors: list[int], folder):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from ..export_layouts import LAYOUTS
 from .checks import PATHS, check_target_argument
 from .parsers import add_command
 
@@ -24,10 +25,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     weights = share.add_argument_group("weights and layout")
     weights.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
                          help="dtype of the exported weights")
-    weights.add_argument("--published-layout", action="store_true",
-                         help="the published DFlash 2 config layout, without remote code")
+    weights.add_argument("--format", default="package", choices=LAYOUTS,
+                         help="package: this package's config and remote code; published: the published DFlash 2 "
+                              "layout; speculators: speculators' format, which vLLM serves (the last two: no remote "
+                              "code)")
+    weights.add_argument("--published-layout", action="store_true", help="the same as --format published")
     weights.add_argument("--target", help="the drafter's target (preset or checkpoint folder): a factorised selector "
-                                          "is published as codebooks computed from its input embeddings")
+                                          "is stored as codebooks computed from its input embeddings, and speculators' "
+                                          "config names its architecture")
     card = share.add_argument_group("model card and decoding defaults")
     card.add_argument("--base-model", help="Hub id of the target (default: the target recorded in training.json)")
     card.add_argument("--license", default="apache-2.0", help="license identifier for the model card")
@@ -38,17 +43,19 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def export(args: argparse.Namespace) -> None:
     """Write a Hub-ready copy of a drafter folder: weights, remote code, generation config and model card."""
-    from ..export import ExportError, check_destination, export_drafter
+    from ..export import ExportError, check_destination, chosen_layout, export_drafter
     from ..presets import load_target
 
     try:
+        chosen_layout(args.format, args.published_layout)
         check_destination(Path(args.out), Path(args.drafter), args.overwrite)  # before the target loads
         if args.target:
             check_target_argument("dflash2-hf export", "--target", args.target)
         target = load_target(args.target, dtype=torch.float32)[0] if args.target else None
         export_drafter(args.drafter, args.out, base_model=args.base_model, license_id=args.license,
                        results=args.results, path=args.path, dtype=getattr(torch, args.dtype),
-                       published_layout=args.published_layout, target=target, overwrite=args.overwrite)
+                       layout=args.format, published_layout=args.published_layout, target=target,
+                       overwrite=args.overwrite)
     except ExportError as error:
         raise SystemExit(f"dflash2-hf export: {error}") from None
     print(f"Hub-ready drafter written to {args.out}")

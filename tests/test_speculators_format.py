@@ -1,0 +1,187 @@
+"""speculators' DFlash / DFlash 2 format, read and written without speculators installed.
+
+The drafters in tests/fixtures/speculators were built and saved by speculators 0.9.0 itself (see the README there);
+tests/test_speculators_peer.py runs speculators alongside for the round trips and the logit parity.
+"""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import FIXTURES, TINY_TARGET_LAYERS, refusal, tiny_drafter, tiny_target
+from dflash2_hf import DFlash2DraftModel, DFlashConfig, DFlashDraftModel
+from dflash2_hf.cli import main
+from dflash2_hf.export import ExportError, export_drafter
+from dflash2_hf.modeling import DrafterLoadError
+
+SPECULATORS = FIXTURES / "speculators"
+
+
+def speculators_folder(tmp_path, kind: str = "dflash2", **changes) -> str:
+    """A copy of speculators' own ``kind`` drafter with ``changes`` made to its config.json (``None`` drops a field)."""
+    folder = tmp_path / f"speculators-{kind}"
+    shutil.copytree(SPECULATORS / kind, folder)
+    config = json.loads((folder / "config.json").read_text())
+    for name, value in changes.items():
+        if value is None:
+            config.pop(name)
+        else:
+            config[name] = value
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+@pytest.mark.parametrize(("kind", "model_class"), [("dflash", DFlashDraftModel), ("dflash2", DFlash2DraftModel)])
+def test_a_speculators_drafter_loads_without_remote_code(kind, model_class):
+    drafter = DFlashDraftModel.from_pretrained(SPECULATORS / kind)
+    assert type(drafter) is model_class
+    stored = load_file(SPECULATORS / kind / "model.safetensors")
+    for name, tensor in drafter.state_dict().items():
+        assert torch.equal(tensor, stored[name]), name
+
+
+def test_speculators_fields_map_by_meaning():
+    config = DFlashConfig.from_pretrained(SPECULATORS / "dflash2")
+    written = json.loads((SPECULATORS / "dflash2" / "config.json").read_text())
+    assert written["aux_hidden_state_layer_ids"] == [1, 3]  # hidden states counted from the embedding output
+    assert config.target_layer_ids == [0, 2]  # decoder layers: hidden_states[id + 1]
+    assert (config.block_size, config.mask_token_id) == (written["block_size"], written["mask_token_id"])
+    assert (config.conv_kernel_size, config.conv_group_size) == (written["conv_kernel_size"], written["conv_group_size"])
+    assert (config.selector_rank, config.selector_top_k) == (written["selector_rank"], written["selector_top_k"])
+    assert not config.is_causal and not config.selector_factorised
+    assert config.hidden_size == written["transformer_layer_config"]["hidden_size"]
+    assert config.num_hidden_layers == written["transformer_layer_config"]["num_hidden_layers"]
+
+
+def test_a_speculators_drafter_decodes_as_plain_generate(one_thread):
+    target, drafter = tiny_target("qwen3", seed=1), DFlashDraftModel.from_pretrained(SPECULATORS / "dflash2")
+    prompt = torch.randint(0, 90, (1, 9), generator=torch.Generator().manual_seed(5))
+    plain = target.generate(prompt, max_new_tokens=30, do_sample=False)
+    assert torch.equal(target.generate(prompt, max_new_tokens=30, do_sample=False, assistant_model=drafter), plain)
+
+
+#: Fields of a speculators config this package cannot honour exactly: the change, and the words naming it.
+UNHONOURED = {
+    "reduced draft vocabulary": ({"draft_vocab_size": 64}, "draft_vocab_size 64 differs from the verifier's"),
+    "anchor slot sampled": ({"sample_from_anchor": True}, "sample_from_anchor is true"),
+    "embedding output tapped": ({"aux_hidden_state_layer_ids": [0, 3]}, "id 0 is the verifier's embedding output"),
+    "no taps": ({"aux_hidden_state_layer_ids": None}, "aux_hidden_state_layer_ids must be a non-empty list"),
+    "taps not integers": ({"aux_hidden_state_layer_ids": ["1"]}, "aux_hidden_state_layer_ids must be a non-empty"),
+    "another model type": ({"speculators_model_type": "eagle3"}, "speculators_model_type 'eagle3'"),
+    "a field nobody listed": ({"draft_temperature": 0.5}, "unknown field 'draft_temperature'"),
+    "features of another width": ({"target_hidden_size": 128}, "target_hidden_size 128 differs from hidden_size"),
+    "no layer config": ({"transformer_layer_config": "qwen3"}, "transformer_layer_config must be an object"),
+}
+
+
+@pytest.mark.parametrize(("changes", "named"), UNHONOURED.values(), ids=UNHONOURED.keys())
+def test_what_cannot_be_honoured_is_refused_at_load_naming_the_field(changes, named, tmp_path):
+    folder = speculators_folder(tmp_path, **changes)
+    (tmp_path / f"speculators-dflash2" / "model.safetensors").unlink()  # refused from the config, before weights
+    with pytest.raises(ValueError, match="cannot be run exactly as it was trained") as error:
+        DFlashDraftModel.from_pretrained(folder)
+    assert named in str(error.value)
+
+
+def test_sliding_window_layers_are_refused_naming_the_layer_types(tmp_path):
+    config = json.loads((SPECULATORS / "dflash2" / "config.json").read_text())
+    layers = config["transformer_layer_config"] | {"layer_types": ["sliding_attention", "full_attention"],
+                                                   "sliding_window": 4}
+    with pytest.raises(ValueError, match="layer_types .* has sliding-window layers"):
+        DFlashDraftModel.from_pretrained(speculators_folder(tmp_path, transformer_layer_config=layers))
+
+
+def test_verifier_tensors_of_a_speculators_checkpoint_are_left_unloaded(tmp_path):
+    folder = speculators_folder(tmp_path)
+    weights = load_file(f"{folder}/model.safetensors")
+    verifier_owned = {"verifier_norm.weight": torch.ones(64), "embed_tokens.weight": torch.zeros(96, 64),
+                      "t2d": torch.ones(96, dtype=torch.bool), "d2t": torch.zeros(96, dtype=torch.int64)}
+    save_file(weights | verifier_owned, f"{folder}/model.safetensors")
+    drafter = DFlashDraftModel.from_pretrained(folder)
+    assert not set(verifier_owned) & set(drafter.state_dict())
+
+
+def test_the_same_tensors_in_this_package_layout_are_still_refused(tmp_path):
+    tiny_drafter(seed=2).save_pretrained(tmp_path / "ours")
+    weights = load_file(tmp_path / "ours" / "model.safetensors")
+    save_file(weights | {"verifier_norm.weight": torch.ones(64)}, tmp_path / "ours" / "model.safetensors")
+    with pytest.raises(DrafterLoadError, match="unexpected keys: verifier_norm.weight"):
+        DFlashDraftModel.from_pretrained(tmp_path / "ours")
+
+
+def test_a_loaded_speculators_drafter_saves_in_this_package_layout(tmp_path):
+    DFlashDraftModel.from_pretrained(SPECULATORS / "dflash2").save_pretrained(tmp_path / "ours")
+    written = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert "checkpoint_format" not in written and written["dflash_config"]["target_layer_ids"] == [0, 2]
+
+
+@pytest.fixture(scope="module")
+def drafter_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("drafter") / "drafter"
+    tiny_drafter(seed=3).save_pretrained(folder)
+    return folder
+
+
+def test_export_writes_speculators_format(drafter_folder, tmp_path):
+    out = export_drafter(drafter_folder, tmp_path / "spec", layout="speculators", base_model="org/tiny-qwen3",
+                         target=tiny_target("qwen3", seed=1), dtype=torch.float32)
+    written = json.loads((out / "config.json").read_text())
+    assert written["speculators_model_type"] == "dflash2" and written["architectures"] == ["DFlash2DraftModel"]
+    assert written["aux_hidden_state_layer_ids"] == [1, 3] and written["sample_from_anchor"] is False
+    assert written["speculators_config"]["verifier"] == {"name_or_path": "org/tiny-qwen3",
+                                                         "architectures": ["Qwen3ForCausalLM"]}
+    assert written["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == written["block_size"] - 1
+    assert not list(out.glob("*.py")), "speculators' format carries no remote code of ours"
+    assert "vllm serve spec" in (out / "README.md").read_text()
+
+
+def test_a_speculators_export_loads_back_tensor_for_tensor(drafter_folder, tmp_path):
+    out = export_drafter(drafter_folder, tmp_path / "spec", layout="speculators", dtype=torch.float32)
+    original, loaded = DFlashDraftModel.from_pretrained(drafter_folder), DFlashDraftModel.from_pretrained(out)
+    assert loaded.config.target_layer_ids == original.config.target_layer_ids
+    for name, tensor in original.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+
+
+#: Drafters speculators' format cannot describe: the setting, and the words naming it.
+UNEXPRESSIBLE = {
+    "causal block": ({"is_causal": True}, "is_causal"),
+    "sliding window": ({"sliding_window": 4}, "sliding-window layers"),
+    "scaled logits": ({"output_multiplier": 0.5}, "output_multiplier 0.5"),
+    "capped logits": ({"final_logit_softcapping": 30.0}, "final_logit_softcapping 30.0"),
+    "scaled embeddings": ({"input_embedding_scale": 2.0}, "input_embedding_scale 2.0"),
+    "last layer tapped": ({"target_layer_ids": [0, TINY_TARGET_LAYERS - 1]}, "taps the target's last layer"),
+    "a default path": ({"default_path_strategy": "viterbi"}, "no field for default_path_strategy='viterbi'"),
+}
+
+
+@pytest.mark.parametrize(("settings", "named"), UNEXPRESSIBLE.values(), ids=UNEXPRESSIBLE.keys())
+def test_export_refuses_what_speculators_format_cannot_describe(settings, named, tmp_path):
+    tiny_drafter(seed=3, **settings).save_pretrained(tmp_path / "drafter")
+    with pytest.raises(ExportError, match="speculators' format cannot describe this drafter") as error:
+        export_drafter(tmp_path / "drafter", tmp_path / "spec", layout="speculators")
+    assert named in str(error.value)
+    assert not (tmp_path / "spec").exists()
+
+
+def test_a_factorised_selector_is_exported_as_codebooks_from_the_target(tmp_path):
+    tiny_drafter(seed=3, selector_factorised=True).save_pretrained(tmp_path / "drafter")
+    with pytest.raises(ExportError, match="the speculators layout stores full codebooks"):
+        export_drafter(tmp_path / "drafter", tmp_path / "spec", layout="speculators")
+    target = tiny_target("qwen3", seed=1)
+    out = export_drafter(tmp_path / "drafter", tmp_path / "spec", layout="speculators", target=target)
+    assert not DFlashDraftModel.from_pretrained(out).candidate_selector.factorised
+
+
+def test_the_command_line_writes_speculators_format(drafter_folder, tmp_path):
+    main(["export", str(drafter_folder), str(tmp_path / "spec"), "--format", "speculators"])
+    assert json.loads((tmp_path / "spec" / "config.json").read_text())["speculators_model_type"] == "dflash2"
+
+
+def test_the_published_flag_beside_another_format_is_refused(drafter_folder, tmp_path):
+    message = refusal(["export", str(drafter_folder), str(tmp_path / "out"), "--published-layout",
+                       "--format", "speculators"])
+    assert "--published-layout asks for the published layout; --format speculators for another" in message
