@@ -393,6 +393,13 @@ DOCUMENTED_COMMANDS = {
         "tests/test_cli.py::test_train_factorised_selector_then_export_it_in_the_published_layout",
     "dflash2-hf export --published-layout --target TARGET":
         "tests/test_cli.py::test_train_factorised_selector_then_export_it_in_the_published_layout",
+    # docs/drafter.md and docs/export.md: the three layouts an export writes.
+    "dflash2-hf export --format published": "tests/test_export.py::test_the_format_flag_writes_the_published_layout",
+    "dflash2-hf export --format speculators":
+        "tests/test_speculators_format.py::test_the_command_line_writes_speculators_format",
+    "dflash2-hf export runs/smollm2-train/drafter hub/smollm2-135m-dflash2-speculators --format speculators "
+    "--base-model HuggingFaceTB/SmolLM2-135M-Instruct":
+        "tests/test_speculators_format.py::test_the_command_line_writes_speculators_format",
     # docs/results.md: factorised vs codebook selector on the shipped drafter; the tiny target's 3-step drafter gets a
     # fresh rank-4 factorised selector in 3 selector-only steps, and `evaluate` runs on 1 prompt of 6 tokens.
     "dflash2-hf train --data runs/smollm2-data --out runs/selector-factorised --init-from "

@@ -202,6 +202,12 @@ def test_published_layout_matches_the_published_dflash2_checkpoint(drafter_folde
     torch.testing.assert_close(drafter_outputs(exported, inputs), expected, atol=0, rtol=0)
 
 
+def test_the_format_flag_writes_the_published_layout(drafter_folder, tmp_path):
+    main(["export", str(drafter_folder), str(tmp_path / "hub"), "--format", "published"])
+    config = json.loads((tmp_path / "hub" / "config.json").read_text())
+    assert config["model_type"] == "qwen3" and "auto_map" not in config
+
+
 def published_tensor_names() -> set[str]:
     """Tensor names of the published DFlash 2 checkpoint, layer indices replaced by N."""
     header = json.loads((PUBLISHED / "muse-glimmer-30b-dflash2.safetensors-header.json").read_text())

@@ -177,8 +177,11 @@ def test_a_factorised_selector_is_exported_as_codebooks_from_the_target(tmp_path
 
 
 def test_the_command_line_writes_speculators_format(drafter_folder, tmp_path):
-    main(["export", str(drafter_folder), str(tmp_path / "spec"), "--format", "speculators"])
-    assert json.loads((tmp_path / "spec" / "config.json").read_text())["speculators_model_type"] == "dflash2"
+    main(["export", str(drafter_folder), str(tmp_path / "spec"), "--format", "speculators",
+          "--base-model", "org/tiny-qwen3"])
+    written = json.loads((tmp_path / "spec" / "config.json").read_text())
+    assert written["speculators_model_type"] == "dflash2"
+    assert written["speculators_config"]["verifier"]["name_or_path"] == "org/tiny-qwen3"
 
 
 def test_the_published_flag_beside_another_format_is_refused(drafter_folder, tmp_path):

@@ -26,13 +26,13 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).with_name("speculators_worker.py")
-#: The commands that create the speculators venv (as .ci/run does): its own CPU torch first, the dependencies
-#: speculators 0.9.0 imports, then speculators itself without its dependencies (they would pull a second torch).
+#: The commands that create the speculators venv (as .ci/run does): its own CPU torch first, what speculators 0.9.0
+#: imports, then speculators itself without its requirements (torchvision and torchaudio would pull a CUDA torch).
 INSTALL = ("python3 -m venv .venv-speculators && .venv-speculators/bin/pip install torch==2.13.0 && "
            ".venv-speculators/bin/pip install transformers==5.19.0 safetensors pydantic pydantic-settings "
-           "'loguru>=0.7.2,<=0.7.3' huggingface-hub 'numpy>=2,<=2.5.4' tqdm rich typer click psutil protobuf httpx "
-           "openai 'datasets>=4,<=5.1' aiohttp && .venv-speculators/bin/pip install --no-deps speculators==0.9.0 "
-           "hs-connectors==0.9.0")
+           "'loguru>=0.7.2,<=0.7.3' huggingface-hub 'numpy>=2,<=2.5.4' 'tqdm>=4.66.3,<=4.70.1' rich typer click "
+           "psutil protobuf httpx 'openai>=2' 'datasets>=4,<=5.1' aiohttp && "
+           ".venv-speculators/bin/pip install --no-deps speculators==0.9.0 hs-connectors==0.9.0")
 KINDS = ["dflash", "dflash2"]
 
 
