@@ -87,9 +87,9 @@ def decode(target, drafter=None, **options):
     return target.generate(PROMPT, max_new_tokens=48, do_sample=False, **extra)
 
 
-@pytest.mark.parametrize("prepare, change", CHANGES.values(), ids=CHANGES.keys())
-def test_a_call_after_the_targets_weights_changed_matches_plain_decoding_with_the_new_weights(prepare, change,
-                                                                                           one_thread):
+def assert_decodes_with_changed_target_weights(prepare, change) -> None:
+    """A call, then the target's weights changed by ``change`` (after ``prepare``), then a call equal to plain
+    decoding with the new weights."""
     target, drafter = tiny_target("qwen3", seed=1), tiny_drafter(seed=4)
     target = prepare(target) if prepare else target
     decode(target, drafter)
@@ -97,6 +97,12 @@ def test_a_call_after_the_targets_weights_changed_matches_plain_decoding_with_th
     change(target)
     assert any(not torch.equal(a, b) for a, b in zip(before, linear_weights(target))), "no linear weight changed"
     assert torch.equal(decode(target, drafter), decode(target))
+
+
+@pytest.mark.parametrize("prepare, change", CHANGES.values(), ids=CHANGES.keys())
+def test_a_call_after_the_targets_weights_changed_matches_plain_decoding_with_the_new_weights(prepare, change,
+                                                                                           one_thread):
+    assert_decodes_with_changed_target_weights(prepare, change)
 
 
 @pytest.mark.parametrize("prepare, change", CHANGES.values(), ids=CHANGES.keys())
@@ -120,5 +126,4 @@ def test_a_call_after_the_drafters_weights_changed_drafts_with_the_new_weights(p
 def test_without_torchs_tensor_hash_the_values_are_hashed_all_the_same(monkeypatch, one_thread):
     """torch before 2.8 has no ``torch.hash_tensor``: the weights' bytes are hashed instead, with the same effect."""
     monkeypatch.delattr(torch, "hash_tensor", raising=False)
-    test_a_call_after_the_targets_weights_changed_matches_plain_decoding_with_the_new_weights(*CHANGES[
-        ".data in place"], one_thread)
+    assert_decodes_with_changed_target_weights(*CHANGES[".data in place"])
