@@ -178,7 +178,8 @@ def test_train_init_from_continues_the_whole_drafter_in_its_layout_on_new_data(t
 
 
 def test_train_distills_from_the_target_distribution_when_asked_and_records_the_weight(target, data, tmp_path):
-    run(train_argv(target, data[0], tmp_path / "run", "--distill-weight", "0.5", "--heldout-fraction", "0.34"))
+    run(train_argv(target, data[0], tmp_path / "run", "--distill-weight", "0.5", "--heldout-fraction", "0.34",
+                   "--feature-store", str(tmp_path / "features"), "--dtype", "float32"))
     record = json.loads((tmp_path / "run" / "drafter" / "training.json").read_text())
     assert record["config"]["distill_weight"] == 0.5
 
