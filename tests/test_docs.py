@@ -242,6 +242,10 @@ DOCUMENTED_COMMANDS = {
     "--data runs/lever-data4 runs/lever-data --heldout-fraction 0.0625 --out runs/lever-data5x --steps 900 "
     "--checkpoint-every 150":
         "tests/test_cli.py::test_train_init_from_continues_the_whole_drafter_in_its_layout_on_new_data",
+    "dflash2-hf train --feature-store runs/lever-features --dtype bfloat16 --batch-size 4 --blocks 24 --warmup 25 "
+    "--data runs/lever-data --heldout-fraction 0.25 --out runs/lever-layers3 --steps 450 --checkpoint-every 150 "
+    "--layers 3":
+        "tests/test_cli.py::test_train_init_from_continues_the_whole_drafter_in_its_layout_on_new_data",
     "dflash2-hf heldout dflash2_hf/drafters/smollm2-135m --data runs/smollm2-data runs/smollm2-data2 "
     "--heldout-fraction 0.05 --anchors decoding":
         "tests/test_cli.py::test_heldout_can_follow_the_anchors_greedy_decoding_visits",
