@@ -246,6 +246,10 @@ DOCUMENTED_COMMANDS = {
     "--data runs/lever-data --heldout-fraction 0.25 --out runs/lever-layers3 --steps 450 --checkpoint-every 150 "
     "--layers 3":
         "tests/test_cli.py::test_train_init_from_continues_the_whole_drafter_in_its_layout_on_new_data",
+    # docs/training.md, the learning curve's fourth size: the recipe with --checkpoint-every, then its evaluations.
+    "dflash2-hf train --target smollm2-135m --data runs/forecast-data --out runs/curve-2850 --steps 1425 "
+    "--feature-store runs/lever-features --checkpoint-every 475":
+        "tests/test_cli.py::test_train_init_from_continues_the_whole_drafter_in_its_layout_on_new_data",
     "dflash2-hf heldout dflash2_hf/drafters/smollm2-135m --data runs/smollm2-data runs/smollm2-data2 "
     "--heldout-fraction 0.05 --anchors decoding":
         "tests/test_cli.py::test_heldout_can_follow_the_anchors_greedy_decoding_visits",
@@ -372,6 +376,12 @@ DOCUMENTED_COMMANDS = {
     "dflash2-hf train --target smollm2-135m --data runs/curve-a runs/curve-b runs/curve-c --out runs/curve-1200 "
     "--steps 600 --feature-store runs/features":
         "tests/test_cli.py::test_train_feature_store_keeps_the_features_where_asked_and_a_second_run_adds_none",
+    "dflash2-hf evaluate runs/curve-2850/drafter --prompts 4 --max-new-tokens 64 --temperatures 0 --paths argmax "
+    "greedy --tree-nodes 0 --lookup-tokens 0 --out runs/eval-2850-path.json":
+        "tests/test_cli.py::test_evaluate_takes_the_tree_and_lookup_options_and_records_them",
+    "dflash2-hf evaluate runs/curve-2850/drafter --prompts 4 --max-new-tokens 64 --temperatures 0 --paths greedy "
+    "--tree-nodes 8 --lookup-tokens 8 --out runs/eval-2850-tree.json":
+        "tests/test_cli.py::test_evaluate_takes_the_tree_and_lookup_options_and_records_them",
     "dflash2-hf evaluate runs/curve-1200/drafter --prompts 4 --max-new-tokens 64 --temperatures 0 --paths argmax "
     "greedy --tree-nodes 0 --lookup-tokens 0 --out runs/eval-1200-path.json":
         "tests/test_cli.py::test_evaluate_takes_the_tree_and_lookup_options_and_records_them",
