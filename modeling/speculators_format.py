@@ -1,5 +1,5 @@
-"""speculators' DFlash / DFlash 2 checkpoint format (what vLLM serves), read into this package's config and written
-from it.
+"""speculators' DFlash / DFlash 2 checkpoint format (what vLLM serves): read into this package's config, and
+written out of it.
 
 A speculators drafter folder holds a ``config.json`` with ``speculators_model_type`` ("dflash" or "dflash2"), the
 draft transformer's shape under ``transformer_layer_config``, the drafting fields at the top level and a
