@@ -27,6 +27,7 @@ from dflash2_hf import DFlash2DraftModel, DFlashDraftModel
 from dflash2_hf.cli import main
 from dflash2_hf.cli.generate import exact_bf16_tip, identity_verdict
 from dflash2_hf.cpu.kernels import cpu_description, fastest_exact_setting, packed_linears_supported
+from dflash2_hf.generation import exact_widths
 from dflash2_hf.presets import SMOLLM2_135M
 from dflash2_hf.training.code_prompts import code_request
 from dflash2_hf.training.data import describe_data, read_responses
@@ -436,6 +437,19 @@ def test_generate_streams_the_answer_and_matches_plain_decoding(target, trained)
     assert "--- plain decoding: 8 tokens" in printed
     assert "--- identical to plain decoding: yes" in printed
     assert "--- exact too and faster on this CPU" not in printed, "the chosen setting is this CPU's fastest exact one"
+
+
+@pytest.mark.measured_widths
+def test_generate_says_where_it_decoded_plainly_and_drafts_with_exactness_rounding(target, trained, monkeypatch):
+    monkeypatch.setattr(exact_widths, "rows_as_alone", lambda model, width: False)  # no width exact, as on Zen 4
+    command = ["generate", "Write a Python function that reverses a string.", "--target", target, "--drafter",
+               str(trained / "drafter"), "--max-new-tokens", "8", "--dtype", "float32"]
+    printed = run(command)
+    assert ("asked; plain decoding here, since no verification width of this CPU rounds as one-token steps; "
+            "--exactness rounding drafts anyway): 8 tokens") in printed
+    assert "--- identical to plain decoding: yes" in printed
+    printed = run([*command, "--exactness", "rounding"])
+    assert "plain decoding here" not in printed and "--- identical to plain decoding: yes" in printed
 
 
 @pytest.mark.parametrize("exact_bf16", [True, False])

@@ -80,7 +80,7 @@ UNHONOURED = {
 @pytest.mark.parametrize(("changes", "named"), UNHONOURED.values(), ids=UNHONOURED.keys())
 def test_what_cannot_be_honoured_is_refused_at_load_naming_the_field(changes, named, tmp_path):
     folder = speculators_folder(tmp_path, **changes)
-    (tmp_path / f"speculators-dflash2" / "model.safetensors").unlink()  # refused from the config, before weights
+    (tmp_path / "speculators-dflash2" / "model.safetensors").unlink()  # refused from the config, before weights
     with pytest.raises(ValueError, match="cannot be run exactly as it was trained") as error:
         DFlashDraftModel.from_pretrained(folder)
     assert named in str(error.value)

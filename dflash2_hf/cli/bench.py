@@ -10,6 +10,7 @@ import torch
 from ..cpu.exact_attention import ExactAttention
 from ..cpu.kernels import PackedLinears
 from ..export import describe_drafter
+from ..generation.config import EXACTNESS
 from ..measuring.reference_peer import DEFAULT_VENV
 from ..modeling import DFlashDraftModel
 from .checks import (
@@ -82,6 +83,10 @@ def add_method_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--lookup-ngrams", nargs="+", type=int, metavar="M",
                        help="with --lookup-tokens, run each lookup branch once per longest matched suffix of M "
                             "tokens (max_matching_ngram_size; default: one run at 8)")
+    group.add_argument("--exactness", choices=EXACTNESS, default="bitwise",
+                       help="the 'dflash2 default' method's (bitwise: the library default, which decodes greedy "
+                            "float32 plainly where no verification width rounds as one-token steps; rounding: drafts "
+                            "anyway); the per-path methods always draft at every width")
     add_cpu_kernel_options(group, "a packed twin of every method, its name ending in 'packed'; attention: every "
                                   "method, plain included")
 
@@ -260,5 +265,6 @@ def drafted_methods(args: argparse.Namespace, target, drafters: dict[str, DFlash
                 settings["cycle_cost"] = cycle_cost.to_json()
         methods += drafter_methods(drafter, args.paths, label=label, block_sizes=args.block_sizes,
                                    cycle_cost=cycle_cost, tree_nodes=args.tree_nodes,
-                                   lookup_tokens=args.lookup_tokens, lookup_ngrams=args.lookup_ngrams)
+                                   lookup_tokens=args.lookup_tokens, lookup_ngrams=args.lookup_ngrams,
+                                   exactness=args.exactness)
     return methods

@@ -16,7 +16,7 @@ from ..cpu.kernels import (
     exact_bf16_supported,
     fastest_exact_setting,
 )
-from ..generation.config import DraftOptions
+from ..generation.config import EXACTNESS, DraftOptions
 from ..modeling import DFlashDraftModel
 from .checks import (
     PATHS,
@@ -66,6 +66,10 @@ def add_decoding_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--lookup-tokens", type=int,
                        help="add a branch of up to this many tokens copied from the context to each token tree "
                             "(>= 0; 0: none; default: the drafter's)")
+    group.add_argument("--exactness", choices=EXACTNESS, default="bitwise",
+                       help="greedy float32: bitwise (default) verifies drafts only at widths this machine computes "
+                            "as one-token steps, else decodes plainly; rounding drafts at any width, identical except "
+                            "where two logits tie within float rounding")
 
 
 def check_generate_arguments(args: argparse.Namespace) -> None:
@@ -159,7 +163,8 @@ def generate(args: argparse.Namespace) -> None:
     settings = dict(max_new_tokens=args.max_new_tokens, **sampling)
     ours_kwargs = {"assistant_model": drafter, "dflash_path": args.path, "dflash_tree_nodes": args.tree_nodes,
                    "dflash_adaptive_block": args.adaptive_block or None,
-                   "dflash_lookup_tokens": args.lookup_tokens}  # unset: the drafter config's defaults
+                   "dflash_lookup_tokens": args.lookup_tokens,  # unset: the drafter config's defaults
+                   "dflash_exactness": args.exactness}
     # Warm both methods up (first-call allocations, lazy inits, the adaptive block's cost measurement) so neither
     # pays them inside its timing.
     target.generate(**inputs, **ours_kwargs, max_new_tokens=8, do_sample=False)
@@ -187,6 +192,9 @@ def decoding_mode(args: argparse.Namespace, drafter: DFlashDraftModel, stats) ->
             else f"tree of {options.tree_nodes}" if options.tree_nodes
             else "adaptive block" if options.adaptive_block else f"one path of {options.block_size - 1}")
     mode += f" + lookup of {options.lookup_tokens}" if options.lookup_tokens else ""
+    if not stats.cycles and stats.plain_steps:
+        return (f"{mode} asked; plain decoding here, since no verification width of this CPU rounds as one-token "
+                "steps; --exactness rounding drafts anyway")
     if options.plain_fallback:
         mode += (f"; {stats.plain_steps} plain steps and {stats.lookup_cycles} copies from the context verified "
                  "alone where drafting did not pay")

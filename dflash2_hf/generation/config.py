@@ -16,6 +16,10 @@ from transformers import GenerationConfig
 from ..drafting.lattice import PathStrategy
 from ..modeling import DFlashDraftModel
 
+#: The greedy-decoding promises a call can ask for (:mod:`~dflash2_hf.generation.exact_widths`): plain decoding's
+#: tokens bit for bit, or identical except where two logits tie within float rounding.
+EXACTNESS = ("bitwise", "rounding")
+
 
 @dataclass(frozen=True)
 class DraftOptions:
@@ -48,6 +52,10 @@ class DraftOptions:
         packed_linears: on a CPU, run both models' linears on oneDNN-packed weights for the call
             (:func:`~dflash2_hf.cpu.kernels.packed_for_the_call`: float32, or bf16 where packing changes no result;
             packed once, reused by later calls); ``False`` runs them as they are.
+        exactness: what greedy decoding of a float32/float64 target promises (:mod:`~dflash2_hf.generation.exact_widths`):
+            ``"bitwise"`` (default) plain decoding's tokens bit for bit, verifying only at widths this machine
+            computes as one-token forwards (measured; none: the call decodes plainly and warns); ``"rounding"``
+            verifies at any width, the output identical except where two logits tie within float rounding.
     """
 
     path: PathStrategy
@@ -59,6 +67,7 @@ class DraftOptions:
     lookup_tokens: int = 0
     plain_fallback: object = False
     packed_linears: bool = True
+    exactness: str = "bitwise"
 
     @classmethod
     def for_drafter(
@@ -73,6 +82,7 @@ class DraftOptions:
         lookup_tokens: int | None = None,
         plain_fallback: object = None,
         packed_linears: bool | None = None,
+        exactness: str | None = None,
         *,
         target: torch.nn.Module | None = None,
     ) -> DraftOptions:
@@ -97,7 +107,8 @@ class DraftOptions:
         return cls(path=path, block_size=block_size, top_k=top_k, record_drafts=_flag("record_drafts", record_drafts),
                    adaptive_block=adaptive_block, tree_nodes=tree_nodes, lookup_tokens=lookup_tokens,
                    plain_fallback=_resolved_fallback(config, plain_fallback),
-                   packed_linears=_flag("packed_linears", _first_set(packed_linears, True)))
+                   packed_linears=_flag("packed_linears", _first_set(packed_linears, True)),
+                   exactness=_resolved_exactness(exactness))
 
 
 def _vocabulary_size(config, target: torch.nn.Module | None) -> int:
@@ -200,6 +211,14 @@ def _resolved_fallback(config, plain_fallback: object) -> object:
         raise ValueError("plain_fallback must be True, False or a CycleCost (an object with cycle_seconds() and "
                          f"verify_seconds); got {plain_fallback!r}.")
     return plain_fallback
+
+
+def _resolved_exactness(exactness: str | None) -> str:
+    """The call's greedy-decoding promise, ``"bitwise"`` unless it asks for ``"rounding"``."""
+    exactness = _first_set(exactness, "bitwise")
+    if exactness not in EXACTNESS:
+        raise ValueError(f"exactness must be one of {', '.join(map(repr, EXACTNESS))}, got {exactness!r}.")
+    return exactness
 
 
 def _first_set(*values):

@@ -32,6 +32,7 @@ from ..cpu.grouped_attention import grouped_attention
 from ..cpu.kernels import drafter_for_the_call, packed_for_the_call
 from ..modeling import DFlashDraftModel
 from .config import DraftOptions
+from .exact_widths import exact_options
 from .loop import DFlashDecoder
 from .request import (
     OPTION_KWARGS,
@@ -64,6 +65,7 @@ def custom_generate(
     dflash_lookup_tokens: int | None = None,
     dflash_plain_fallback: object = None,
     dflash_packed_linears: bool | None = None,
+    dflash_exactness: str | None = None,
     **model_kwargs,
 ):
     """DFlash 2 decoding through transformers' public seam:
@@ -82,7 +84,8 @@ def custom_generate(
         "dflash_record_drafts": dflash_record_drafts, "dflash_adaptive_block": dflash_adaptive_block,
         "dflash_tree_nodes": dflash_tree_nodes, "dflash_lookup_tokens": dflash_lookup_tokens,
         "dflash_plain_fallback": dflash_plain_fallback,
-        "dflash_packed_linears": dflash_packed_linears}.items() if value is not None}
+        "dflash_packed_linears": dflash_packed_linears, "dflash_exactness": dflash_exactness}.items()
+        if value is not None}
     return decode(model, drafter, input_ids, logits_processor, stopping_criteria, generation_config,
                   model_kwargs=model_kwargs, options=options)
 
@@ -111,8 +114,11 @@ def decode(
     # drafter's in the target's dtype
     drafting = drafter_for_the_call(target, drafter, draft_options.packed_linears)
     with grouped_attention(target), packed_for_the_call(target, drafting, draft_options.packed_linears):
-        decoder = DFlashDecoder(target, drafting, draft_options, generation_config, logits_processor,
-                                stopping_criteria, streamer, decoding_cache(model_kwargs["cache"], target))
+        exact, width = exact_options(target, draft_options, bool(generation_config.do_sample))
+        decoder = DFlashDecoder(target, drafting, exact or draft_options, generation_config, logits_processor,
+                                stopping_criteria, streamer, decoding_cache(model_kwargs["cache"], target),
+                                drafts=exact is not None)
+        decoder.stats.exact_width = width
         sequence = decoder.run(input_ids)
     drafter.last_generation_stats = decoder.stats
     return decoder.output(sequence, input_ids.shape[1], bool(generation_config.return_dict_in_generate))

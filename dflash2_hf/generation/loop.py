@@ -1,7 +1,8 @@
 """The one DFlash decoding loop, which both ``generate`` entries run (:mod:`dflash2_hf.generation.integration`).
 
 It reads top to bottom: prefill the target, then per step either a plain one-token step or a drafted cycle (the
-:class:`~dflash2_hf.cost.guard.DraftingGuard` decides, by what each has cost here). One cycle: the drafter drafts a
+:class:`~dflash2_hf.cost.guard.DraftingGuard` decides, by what each has cost here; only plain steps where no
+verification width is exact on this machine, :mod:`~dflash2_hf.generation.exact_widths`). One cycle: the drafter drafts a
 block from the target's hidden states -> top-K lattice -> pair scores -> a token tree (one path is its one-branch case;
 with ``tree_nodes`` several paths merged, plus a branch copied from the context) -> ONE target forward over the anchor
 and every node -> ONE verifier (:mod:`dflash2_hf.generation.verification`, greedy or rejection sampling) -> the accepted branch
@@ -83,10 +84,12 @@ class DFlashDecoder:
         stopping_criteria: StoppingCriteriaList,
         streamer: BaseStreamer | None,
         cache,
+        drafts: bool = True,
     ):
         if options.tree_nodes:
             check_tree_cache(cache)  # branched trees are compacted out of the cache, which sliding windows cannot do
         self.target = target
+        self.drafts = drafts  # False: no verification width is exact here, every step is a plain one
         self.device = target.device  # the guard's timings wait for the device's queued work
         self.drafter = drafter
         self.block = BlockDrafter(drafter, target, options)
@@ -186,7 +189,9 @@ class DFlashDecoder:
         step = self._prefill(input_ids)
         while not step.stopped:
             tick = device_seconds(self.device)
-            if self.guard is None or self.guard.drafts_next():
+            if not self.drafts:
+                step = self._one_token_step(step.sequence, step.context)
+            elif self.guard is None or self.guard.drafts_next():
                 step = self._cycle(step.sequence, step.context)
                 if self.guard is not None:
                     self.guard.record_cycle(step.emitted, step.verified, device_seconds(self.device) - tick)

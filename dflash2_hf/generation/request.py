@@ -26,6 +26,7 @@ OPTION_KWARGS = {
     "dflash_lookup_tokens": "lookup_tokens",
     "dflash_plain_fallback": "plain_fallback",
     "dflash_packed_linears": "packed_linears",
+    "dflash_exactness": "exactness",
 }
 BF16_WITHOUT_HARDWARE = (
     "This CPU has no bf16 matmul instructions (AVX512-BF16 or AMX), so a bf16 target verifies a drafted block at "

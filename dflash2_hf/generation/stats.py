@@ -30,7 +30,9 @@ class DFlashStats:
     ``plain_steps`` counts the one-token steps taken where drafting did not pay (``dflash_plain_fallback``); they are
     not cycles. ``lookup_cycles`` counts the cycles that verified tokens copied from the context alone, with no draft
     (taken instead of a plain step where the copy is priced to pay); they are in the per-cycle lists, not in
-    ``plain_steps``.
+    ``plain_steps``. ``exact_width`` is the widest target forward (anchor included) this machine measured to compute
+    as one-token steps, which greedy float32 decoding verified within (:mod:`~dflash2_hf.generation.exact_widths`;
+    1: none, the call decoded plainly); ``None`` where the rule did not apply (sampling, bf16, ``exactness="rounding"``).
     """
 
     path: str
@@ -44,6 +46,7 @@ class DFlashStats:
     plain_steps: int = 0
     lookup_cycles: int = 0
     drafts: list[DraftRecord] | None = None
+    exact_width: int | None = None
 
     @property
     def cycles(self) -> int:

@@ -100,7 +100,7 @@ def baseline_methods(assistant=None, prompt_lookup: int = 10) -> list[Method]:
 def drafter_methods(
     drafter, paths=("argmax",) + SELECTOR_PATHS, label: str = "", block_sizes: list[int] | None = None,
     cycle_cost=None, tree_nodes: list[int] | None = None, lookup_tokens: list[int] | None = None,
-    lookup_ngrams: list[int] | None = None,
+    lookup_ngrams: list[int] | None = None, exactness: str = "bitwise",
 ) -> list[Method]:
     """Ours as the drafter's defaults set it up (``dflash2 default``: what ``generate(assistant_model=drafter)`` does
     with no option, the fallback to plain decoding included), transformers' built-in DFlash on the drafter, and ours
@@ -110,16 +110,18 @@ def drafter_methods(
     in ``adaptive``), and with ``tree_nodes`` once per token-tree size (names end in ``tree<N>``; with a cost also
     cost-sized: ``tree<N> adaptive``; with ``lookup_tokens``, each tree also with a context-lookup branch of up to
     ``L`` tokens: ``tree<N> lookup<L>``, and with ``lookup_ngrams`` once per longest matched suffix:
-    ``tree<N> lookup<L> ngram<M>``). A ``label`` (several drafters side by side) ends every name: ``(label)``."""
+    ``tree<N> lookup<L> ngram<M>``). A ``label`` (several drafters side by side) ends every name: ``(label)``.
+    ``exactness`` is the default method's (the per-path methods draft at every width: the modes as named)."""
     methods = [Method("dflash2 default", {"assistant_model": drafter, "dflash_path": None,
-                                          "dflash_record_drafts": True}),
+                                          "dflash_record_drafts": True, "dflash_exactness": exactness}),
                Method("transformers dflash", {"assistant_model": drafter, "speculation_type": "dflash"})]
     sizes = block_sizes or [None]
     for path in (p for p in paths if p == "argmax" or drafter.config.is_dflash2):
         for size in sizes:
             kwargs = {"assistant_model": drafter, "dflash_path": path, "dflash_record_drafts": True,
                       "dflash_tree_nodes": 0,  # one whole path, whatever the drafter's default mode
-                      "dflash_plain_fallback": False}  # drafting every cycle: the mode as named
+                      "dflash_plain_fallback": False,  # drafting every cycle: the mode as named,
+                      "dflash_exactness": "rounding"}  # at every width, whatever this machine's kernels round
             if size is not None:
                 kwargs["dflash_block_size"] = size
             name = f"dflash2 {path}" + (f" b{size}" if len(sizes) > 1 else "")

@@ -110,8 +110,9 @@ def measure_acceptance(
     """Generate on the first ``prompts_per_benchmark`` prompts of each benchmark with every path and temperature
     (``dflash_kwargs``: more ``dflash_*`` options for every call, e.g. ``{"dflash_lookup_tokens": 8}``). Every cycle
     drafts: the plain-decoding guard, which speeds decoding up by skipping drafts that do not pay, would also choose
-    which cycles get measured (a weak drafter's few)."""
-    options = {"dflash_plain_fallback": False, **(dflash_kwargs or {})}
+    which cycles get measured (a weak drafter's few); and at every width, since a machine whose kernels round a
+    many-token forward unlike one-token steps would otherwise decode greedy float32 plainly (``exactness``)."""
+    options = {"dflash_plain_fallback": False, "dflash_exactness": "rounding", **(dflash_kwargs or {})}
     results = []
     benchmarks = {name: prompts[:prompts_per_benchmark] for name, prompts in evaluation_prompts().items()}
     total = sum(len(p) for p in benchmarks.values()) * len(paths) * len(temperatures)
