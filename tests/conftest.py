@@ -162,13 +162,24 @@ def _deterministic_threads():
     yield
 
 
-@pytest.fixture(autouse=True)
-def _rows_verified_alike(request, monkeypatch):
+MEASURED_EXACT_WIDTH = exact_widths.exact_verify_width
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _rows_verified_alike():
     """Tests of the drafted cycle run it at every width, as on a machine whose kernels give a many-token forward's
-    rows what one-token forwards give (dflash2_hf.generation.exact_widths); tests marked ``measured_widths`` see
-    what this machine measures (float32 on the CPUs measured so far: no width, plain decoding)."""
-    if "measured_widths" not in request.keywords:
-        monkeypatch.setattr(exact_widths, "exact_verify_width", lambda target, widest: widest)
+    rows what one-token forwards give (dflash2_hf.generation.exact_widths); module fixtures included."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(exact_widths, "exact_verify_width", lambda target, widest: widest)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _measured_widths_where_marked(request, monkeypatch):
+    """Tests marked ``measured_widths`` see what this machine measures (float32 on the CPUs measured so far: no
+    width, plain decoding)."""
+    if "measured_widths" in request.keywords:
+        monkeypatch.setattr(exact_widths, "exact_verify_width", MEASURED_EXACT_WIDTH)
 
 
 def smollm2_tiny_target_folder(folder: Path, **overrides) -> str:

@@ -217,7 +217,7 @@ def _resolved_exactness(exactness: str | None) -> str:
     """The call's greedy-decoding promise, ``"bitwise"`` unless it asks for ``"rounding"``."""
     exactness = _first_set(exactness, "bitwise")
     if exactness not in EXACTNESS:
-        raise ValueError(f"exactness must be one of {', '.join(map(repr, EXACTNESS))}, got {exactness!r}.")
+        raise ValueError(f"exactness must be one of 'bitwise', 'rounding', got {exactness!r}.")
     return exactness
 
 
