@@ -52,6 +52,13 @@ def bitwise_rule_applies(target: torch.nn.Module, options: DraftOptions, do_samp
     return options.exactness == "bitwise" and not do_sample and target.dtype in EXACT_DTYPES
 
 
+def plain_decoding_only(target: torch.nn.Module, options: DraftOptions, do_sample: bool) -> bool:
+    """Whether the call drafts nothing, known before its kernels are set up: the rule applies and the target, as it
+    is, computes not even a 2-token forward as one-token steps. Such a call then runs plain decoding on the models
+    as they are (no packed weights, no drafter copy), at plain decoding's speed."""
+    return bitwise_rule_applies(target, options, do_sample) and exact_verify_width(target, 2) < 2
+
+
 def exact_options(target: torch.nn.Module, options: DraftOptions,
                   do_sample: bool) -> tuple[DraftOptions | None, int | None]:
     """The call's options cut to the widest verification this machine computes as one-token steps, and that width;

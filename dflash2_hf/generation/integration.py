@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from contextlib import contextmanager, nullcontext
 
 import torch
 import transformers
@@ -32,7 +33,7 @@ from ..cpu.grouped_attention import grouped_attention
 from ..cpu.kernels import drafter_for_the_call, packed_for_the_call
 from ..modeling import DFlashDraftModel
 from .config import DraftOptions
-from .exact_widths import exact_options
+from .exact_widths import exact_options, plain_decoding_only
 from .loop import DFlashDecoder
 from .request import (
     OPTION_KWARGS,
@@ -110,11 +111,13 @@ def decode(
     options = {**generation_config_options(generation_config), **options}
     draft_options = DraftOptions.for_drafter(drafter, target=target, **{
         OPTION_KWARGS[name]: value for name, value in options.items()})
-    # verification forwards share the key/value heads instead of copying them; linears run on packed weights, the
-    # drafter's in the target's dtype
-    drafting = drafter_for_the_call(target, drafter, draft_options.packed_linears)
-    with grouped_attention(target), packed_for_the_call(target, drafting, draft_options.packed_linears):
-        exact, width = exact_options(target, draft_options, bool(generation_config.do_sample))
+    do_sample = bool(generation_config.do_sample)
+    drafting, kernels = drafter, nullcontext()  # plain decoding runs the models as they are
+    if not plain_decoding_only(target, draft_options, do_sample):
+        drafting = drafter_for_the_call(target, drafter, draft_options.packed_linears)
+        kernels = kernels_for_the_call(target, drafting, draft_options.packed_linears)
+    with kernels:
+        exact, width = exact_options(target, draft_options, do_sample)
         decoder = DFlashDecoder(target, drafting, exact or draft_options, generation_config, logits_processor,
                                 stopping_criteria, streamer, decoding_cache(model_kwargs["cache"], target),
                                 drafts=exact is not None)
@@ -122,6 +125,14 @@ def decode(
         sequence = decoder.run(input_ids)
     drafter.last_generation_stats = decoder.stats
     return decoder.output(sequence, input_ids.shape[1], bool(generation_config.return_dict_in_generate))
+
+
+@contextmanager
+def kernels_for_the_call(target, drafting, packed_linears: bool):
+    """What a drafted call runs under: verification forwards share the key/value heads instead of copying them, and
+    linears run on packed weights (the drafter's in the target's dtype) where that is the faster exact setting."""
+    with grouped_attention(target), packed_for_the_call(target, drafting, packed_linears):
+        yield
 
 
 def transformers_release(version: str | None = None) -> tuple[int, int]:

@@ -107,14 +107,14 @@ class DFlashDecoder:
         self.raw_logits: list[torch.Tensor] = []
         self.stats = DFlashStats(path=options.path.value, block_size=options.block_size,
                                  drafts=[] if options.record_drafts else None)
-        self.block_cutter = self._block_cutter(options)
+        self.block_cutter = self._block_cutter(options) if drafts else None
         # drafted positions read out through the LM head: a tree of n nodes is at most n deep
         self.draft_depth = min(options.block_size - 1, options.tree_nodes or options.block_size)
         # the longest suffix the context lookup matches: transformers' prompt-lookup setting, when given
         self.lookup_ngram = generation_config.max_matching_ngram_size or DEFAULT_MAX_NGRAM
         self.lookup_odds = LookupOdds()
         self.guard = None
-        if options.plain_fallback is not False:
+        if drafts and options.plain_fallback is not False:
             self.guard = DraftingGuard(prices=self._guard_prices(options))
         # Steps without drafting may verify a copied branch alone, priced at the forward's cost with no draft.
         self.lookup_cost = None
@@ -190,7 +190,7 @@ class DFlashDecoder:
         while not step.stopped:
             tick = device_seconds(self.device)
             if not self.drafts:
-                step = self._one_token_step(step.sequence, step.context)
+                step = self._plain_decoding_step(step.sequence)
             elif self.guard is None or self.guard.drafts_next():
                 step = self._cycle(step.sequence, step.context)
                 if self.guard is not None:
@@ -252,6 +252,16 @@ class DFlashDecoder:
         self.stats.plain_steps += 1
         context = torch.cat([context, self.block.context_features(output.hidden_states, 1)], dim=1)
         return Step(sequence, stopped, context, emitted=1, verified=0)
+
+    def _plain_decoding_step(self, sequence: torch.Tensor) -> Step:
+        """A step of a call that drafts nothing (no verification width is exact here): plain decoding's step, without
+        the hidden states a draft would read."""
+        output = self.target(input_ids=sequence[:, -1:], cache=self.cache, use_cache=True)
+        token = self._choose(self._processed(sequence, sequence.shape[1], output.logits[0, -1]))
+        self.cache.crop(0)  # sliding-window layers back to their window
+        sequence, stopped = self._emit(sequence, [token])
+        self.stats.plain_steps += 1
+        return Step(sequence, stopped, sequence[:, :0], emitted=1, verified=0)
 
     def _draft(self, sequence: torch.Tensor, context: torch.Tensor):
         """The timed draft of the block after the sequence's last token: its lattice and the drafter's hidden states,
