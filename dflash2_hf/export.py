@@ -44,7 +44,7 @@ from .export_layouts import (
     write_published_config,
     write_speculators_config,
 )
-from .generation.config import DraftOptions
+from .drafting.options import DraftOptions
 from .measuring.benchmark import markdown_table
 from .modeling import DFlashConfig, DFlashDraftModel
 from .training.checkpoint import check_writable_folder

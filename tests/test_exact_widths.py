@@ -10,7 +10,7 @@ from transformers import DynamicCache, GenerationConfig
 
 from conftest import tiny_drafter, tiny_target
 from dflash2_hf.generation import exact_widths
-from dflash2_hf.generation.config import DraftOptions
+from dflash2_hf.drafting.options import DraftOptions
 from dflash2_hf.generation.loop import widest_forward
 
 def prompt(length: int = 9) -> torch.Tensor:

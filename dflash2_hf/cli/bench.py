@@ -10,7 +10,7 @@ import torch
 from ..cpu.exact_attention import ExactAttention
 from ..cpu.kernels import PackedLinears
 from ..export import describe_drafter
-from ..generation.config import EXACTNESS
+from ..drafting.options import EXACTNESS
 from ..measuring.reference_peer import DEFAULT_VENV
 from ..modeling import DFlashDraftModel
 from .checks import (

@@ -16,7 +16,7 @@ from ..cpu.kernels import (
     exact_bf16_supported,
     fastest_exact_setting,
 )
-from ..generation.config import EXACTNESS, DraftOptions
+from ..drafting.options import EXACTNESS, DraftOptions
 from ..modeling import DFlashDraftModel
 from .checks import (
     PATHS,

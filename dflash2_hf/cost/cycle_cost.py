@@ -46,7 +46,7 @@ from transformers import DynamicCache
 
 from ..cpu.kernels import cpu_description, linears_packed
 from ..drafting.block import BlockDrafter
-from ..generation.config import DraftOptions
+from ..drafting.options import DraftOptions
 from ..modeling import DFlashDraftModel
 from .timing import device_seconds
 

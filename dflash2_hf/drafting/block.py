@@ -17,7 +17,7 @@ from ..modeling import DFlashDraftModel
 from .lattice import Lattice, build_lattice, score_lattice
 
 if TYPE_CHECKING:  # the options are resolved above this wing, in generation.config
-    from ..generation.config import DraftOptions
+    from .options import DraftOptions
 
 
 class BlockDrafter:

@@ -26,6 +26,23 @@ class PathStrategy(str, Enum):
 
 
 @dataclass
+class SparseDistribution:
+    """A distribution over the vocabulary supported on a few token ids (the top-K candidates of one position): what a
+    sampled draft's token was drawn from, which rejection sampling weighs the target's distribution against."""
+
+    token_ids: torch.Tensor  # [K]
+    probs: torch.Tensor  # [K], sums to 1
+
+    def prob_of(self, token_id: int) -> float:
+        hits = self.probs[self.token_ids == token_id]
+        return float(hits.sum()) if hits.numel() else 0.0
+
+    def dense(self, vocab_size: int) -> torch.Tensor:
+        out = torch.zeros(vocab_size, dtype=self.probs.dtype, device=self.probs.device)
+        return out.index_add_(0, self.token_ids, self.probs)
+
+
+@dataclass
 class Lattice:
     """Top-K candidates of one drafted block (positions after the anchor).
 

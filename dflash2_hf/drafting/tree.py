@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..generation.verification import SparseDistribution
-from .lattice import Lattice, sample_path
+from .lattice import Lattice, SparseDistribution, sample_path
 
 ROOT = -1  # the anchor: the last verified token, parent of the first drafted tokens
 

@@ -30,7 +30,7 @@ from transformers import DynamicCache
 
 from ..cpu.kernels import linears_packed
 from ..drafting.tree import DraftTree
-from .config import DraftOptions
+from ..drafting.options import DraftOptions
 
 #: Dtypes whose greedy output is promised identical to plain decoding's (bf16's is not: docs/generation.md).
 EXACT_DTYPES = (torch.float32, torch.float64)

@@ -32,7 +32,7 @@ from transformers.generation.utils import GENERATION_MODES_MAPPING, GenerationMi
 from ..cpu.grouped_attention import grouped_attention
 from ..cpu.kernels import drafter_for_the_call, packed_for_the_call
 from ..modeling import DFlashDraftModel
-from .config import DraftOptions
+from ..drafting.options import DraftOptions
 from .exact_widths import exact_options, plain_decoding_only
 from .loop import DFlashDecoder
 from .request import (

@@ -28,7 +28,7 @@ from ..cost.cycle_cost import CycleCost, cycle_cost_for
 from ..cost.guard import DraftingGuard
 from ..cost.timing import device_seconds
 from ..drafting.block import BlockDrafter
-from ..drafting.lattice import PathStrategy, path_confidences, sample_path, select_path
+from ..drafting.lattice import PathStrategy, SparseDistribution, path_confidences, sample_path, select_path
 from ..drafting.lookup import (
     DEFAULT_MAX_NGRAM,
     FORESIGHT_NGRAM,
@@ -48,9 +48,9 @@ from ..drafting.tree import (
     worthwhile_tree_size,
 )
 from ..modeling import DFlashDraftModel
-from .config import DraftOptions
+from ..drafting.options import DraftOptions
 from .stats import DFlashGenerateOutput, DFlashStats, DraftRecord
-from .verification import SparseDistribution, Verdict, greedy_choices, verify_greedy, verify_sampled
+from .verification import Verdict, greedy_choices, verify_greedy, verify_sampled
 
 
 @dataclass

@@ -21,21 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-@dataclass
-class SparseDistribution:
-    """A distribution over the vocabulary supported on a few token ids (the top-K candidates of one position)."""
-
-    token_ids: torch.Tensor  # [K]
-    probs: torch.Tensor  # [K], sums to 1
-
-    def prob_of(self, token_id: int) -> float:
-        hits = self.probs[self.token_ids == token_id]
-        return float(hits.sum()) if hits.numel() else 0.0
-
-    def dense(self, vocab_size: int) -> torch.Tensor:
-        out = torch.zeros(vocab_size, dtype=self.probs.dtype, device=self.probs.device)
-        return out.index_add_(0, self.token_ids, self.probs)
+from ..drafting.lattice import SparseDistribution
 
 
 def greedy_choices(logits: torch.Tensor) -> list[int]:
