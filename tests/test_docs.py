@@ -246,6 +246,17 @@ DOCUMENTED_COMMANDS = {
     "--data runs/lever-data --heldout-fraction 0.25 --out runs/lever-layers3 --steps 450 --checkpoint-every 150 "
     "--layers 3":
         "tests/test_cli.py::test_train_init_from_continues_the_whole_drafter_in_its_layout_on_new_data",
+    # docs/training.md, levers at the same budget: a first stage on the chat files' own replies, then the answers.
+    "dflash2-hf data --existing-responses --out runs/lever-existing --limit 1440 --exclude-data runs/lever-data":
+        "tests/test_cli.py::test_data_existing_responses_leave_out_the_prompts_of_an_earlier_folder",
+    "dflash2-hf train --feature-store runs/lever-features --dtype bfloat16 --batch-size 4 --blocks 24 --warmup 25 "
+    "--data runs/lever-existing --heldout-fraction 0.0625 --out runs/lever-existing-s1 --steps 450 "
+    "--checkpoint-every 150":
+        "tests/test_cli.py::test_train_init_from_continues_the_whole_drafter_in_its_layout_on_new_data",
+    "dflash2-hf train --feature-store runs/lever-features --dtype bfloat16 --batch-size 4 --blocks 24 --warmup 25 "
+    "--data runs/lever-data --heldout-fraction 0.25 --out runs/lever-existing-s2 --init-from "
+    "runs/lever-existing-s1/drafter --steps 450 --checkpoint-every 150":
+        "tests/test_cli.py::test_train_init_from_continues_the_whole_drafter_in_its_layout_on_new_data",
     # docs/training.md, the learning curve's fourth size: the recipe with --checkpoint-every, then its evaluations.
     "dflash2-hf train --target smollm2-135m --data runs/forecast-data --out runs/curve-2850 --steps 1425 "
     "--feature-store runs/lever-features --checkpoint-every 475":
