@@ -130,3 +130,15 @@ def test_a_generation_config_carries_exactness():
     config = GenerationConfig(max_new_tokens=8, do_sample=False, dflash_exactness="rounding")
     tiny_target().generate(prompt(), generation_config=config, assistant_model=drafter)
     assert drafter.last_generation_stats.exact_width is None
+
+
+@pytest.mark.parametrize("exactness", ["bitwise", "rounding"])
+def test_bench_runs_its_default_with_the_exactness_asked_and_every_path_at_every_width(exactness):
+    from dflash2_hf.cli import command_parser
+    from dflash2_hf.measuring.benchmark import drafter_methods
+
+    args = command_parser().parse_args(["bench", "--exactness", exactness])
+    methods = {m.name: m.generate_kwargs for m in drafter_methods(tiny_drafter(), exactness=args.exactness)}
+    assert methods["dflash2 default"]["dflash_exactness"] == exactness
+    paths = [name for name in methods if name.startswith("dflash2 ") and name != "dflash2 default"]
+    assert paths and all(methods[name]["dflash_exactness"] == "rounding" for name in paths)

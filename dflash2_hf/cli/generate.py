@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
 
 import torch
 
@@ -146,6 +147,7 @@ def generate(args: argparse.Namespace) -> None:
 
     chosen = choose_setting(args)
     check_generate_arguments(args)
+    warnings.filterwarnings("ignore", message="Decoding plainly")  # the result line says it, with the flag to pass
     prompt = prompt_text(args)
     if chosen:
         print(f"--- {chosen}", flush=True)
@@ -177,8 +179,9 @@ def generate(args: argparse.Namespace) -> None:
     ours_seconds = time.perf_counter() - started
     ours, stats = output.sequences, output.dflash_stats
     new_tokens = ours.shape[1] - inputs["input_ids"].shape[1]
+    acceptance = f", mean acceptance length {stats.mean_acceptance_length:.2f}" if stats.cycles else ""
     print(f"\n--- dflash2 ({stats.path}, {decoding_mode(args, drafter, stats)}): {new_tokens} tokens, "
-          f"{new_tokens / ours_seconds:.1f} tok/s, mean acceptance length {stats.mean_acceptance_length:.2f}")
+          f"{new_tokens / ours_seconds:.1f} tok/s{acceptance}")
     if not args.no_baseline:
         compare_with_plain(args, target, inputs, settings, ours, new_tokens / ours_seconds)
 
