@@ -60,6 +60,35 @@ def compiled_on_cpu() -> CompileConfig:
     return config
 
 
+def run_option(option: str, timed, target, drafter, threads: int) -> tuple[float, list[torch.Tensor]]:
+    """One option's tokens per second and outputs, by ``timed`` (the model's ``generate`` over every prompt)."""
+    if option == "eager":
+        return timed(target)
+    if option == "static":
+        return timed(target, cache_implementation="static")
+    if option == "compile":
+        return timed(target, cache_implementation="static", compile_config=compiled_on_cpu())
+    if option.startswith("quanto"):
+        return timed(quantized(target, 8 if option == "quanto-int8" else 4))
+    if option == "threads-1":
+        torch.set_num_threads(1)
+        try:
+            return timed(target)
+        finally:
+            torch.set_num_threads(threads)
+    if option == "ours":
+        return timed(target, assistant_model=drafter)
+    if option == "ours-quanto-int8":
+        return timed(quantized(target, 8), assistant_model=drafter)
+    eager_forwards = target.forward, drafter.forward  # ours-compiled; the eager forwards are put back afterwards
+    target.forward = torch.compile(target.forward, dynamic=True)
+    drafter.forward = torch.compile(drafter.forward, dynamic=True)
+    try:
+        return timed(target, warm_all=True, assistant_model=drafter)
+    finally:
+        target.forward, drafter.forward = eager_forwards
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", default="smollm2-135m")
@@ -90,32 +119,7 @@ def main() -> None:
         drafter = DFlashDraftModel.from_pretrained(default_drafter_folder(args.target), dtype=dtype).eval()
     rows, baseline = [], None
     for option in ["eager"] + [o for o in args.options if o != "eager"]:
-        if option == "eager":
-            rate, outputs = timed(target)
-        elif option == "static":
-            rate, outputs = timed(target, cache_implementation="static")
-        elif option == "compile":
-            rate, outputs = timed(target, cache_implementation="static", compile_config=compiled_on_cpu())
-        elif option.startswith("quanto"):
-            rate, outputs = timed(quantized(target, 8 if option == "quanto-int8" else 4))
-        elif option == "threads-1":
-            torch.set_num_threads(1)
-            try:
-                rate, outputs = timed(target)
-            finally:
-                torch.set_num_threads(args.threads)
-        elif option == "ours":
-            rate, outputs = timed(target, assistant_model=drafter)
-        elif option == "ours-quanto-int8":
-            rate, outputs = timed(quantized(target, 8), assistant_model=drafter)
-        else:  # ours-compiled; the eager forwards are put back afterwards
-            eager_forwards = target.forward, drafter.forward
-            target.forward = torch.compile(target.forward, dynamic=True)
-            drafter.forward = torch.compile(drafter.forward, dynamic=True)
-            try:
-                rate, outputs = timed(target, warm_all=True, assistant_model=drafter)
-            finally:
-                target.forward, drafter.forward = eager_forwards
+        rate, outputs = run_option(option, timed, target, drafter, args.threads)
         if baseline is None:
             baseline = (rate, outputs)
         same = all(torch.equal(a, b) for a, b in zip(outputs, baseline[1]))
