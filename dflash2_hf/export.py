@@ -18,6 +18,10 @@ The exported folder holds
 With ``layout="published"`` (or ``"speculators"``) the config follows the published DFlash 2 checkpoints (or
 speculators' format, what vLLM serves) instead, without remote code (:mod:`dflash2_hf.export_layouts`).
 
+With ``draft_vocabulary`` (``--draft-vocab-size N --vocab-data DIR``), the exported drafter drafts from those target
+tokens only, through a head of its own (:mod:`dflash2_hf.training.draft_vocabulary`): cheaper drafts, the same exact
+verification.
+
 Every check runs before anything is written, and the folder is assembled next to ``OUT`` and moved into place at
 the end, so a failed export leaves nothing behind and ``overwrite`` replaces a folder only with a complete one.
 """
@@ -48,6 +52,7 @@ from .drafting.options import DraftOptions
 from .measuring.benchmark import markdown_table
 from .modeling import DFlashConfig, DFlashDraftModel
 from .training.checkpoint import check_writable_folder
+from .training.draft_vocabulary import with_draft_vocabulary
 
 CARD_TAGS = ["speculative-decoding", "dflash", "dflash2"]
 
@@ -92,6 +97,7 @@ def describe_config(config: DFlashConfig) -> dict:
         "selector": None if selector is None else "factorised" if selector.factorised else "codebooks",
         "selector_parameters": sum(p.numel() for p in selector.parameters()) if selector is not None else 0,
         "selector_top_k": config.selector_top_k if selector is not None else None,
+        "draft_vocab_size": config.draft_vocab_size,
     }
 
 
@@ -118,6 +124,18 @@ def load_drafter(folder: Path, dtype: torch.dtype) -> DFlashDraftModel:
         return DFlashDraftModel.from_pretrained(folder, dtype=dtype).eval()
     except (OSError, ValueError) as error:
         raise ExportError(f"{folder} is not a drafter folder: {error}") from None
+
+
+def cut_to_vocabulary(drafter: DFlashDraftModel, target: torch.nn.Module | None, token_ids: torch.Tensor) -> DFlashDraftModel:
+    """The drafter drafting from ``token_ids`` through rows of ``target``'s LM head; refused without a target that
+    fits the drafter."""
+    if target is None:
+        raise ExportError("a draft vocabulary copies rows of the target's LM head: name the target (--target).")
+    try:
+        drafter.config.check_fits_target(target.config, target.get_output_embeddings().weight.shape[0])
+        return with_draft_vocabulary(drafter, target.get_output_embeddings().weight, token_ids)
+    except ValueError as error:
+        raise ExportError(f"cannot give this drafter a draft vocabulary: {error}") from None
 
 
 def recommended_options(drafter: DFlashDraftModel, path: str | None) -> DraftOptions:
@@ -215,6 +233,8 @@ def model_card(name: str, drafter: DFlashDraftModel, options: DraftOptions, base
     info = describe_config(drafter.config)
     factorised = ", factorised over the target's input embeddings" if info["selector"] == "factorised" else ""
     target = f"`{base_model}`" if base_model else "its target model (not recorded)"
+    vocabulary = (f"; it drafts from {info['draft_vocab_size']:,} of the target's tokens, through a head of its own "
+                  "(the target verifies against its whole vocabulary)" if info["draft_vocab_size"] else "")
     loading = layout_note(name, layout, base_model, options.block_size - 1)
     return f"""{card_metadata(base_model, license_id)}
 # {name}
@@ -222,7 +242,7 @@ def model_card(name: str, drafter: DFlashDraftModel, options: DraftOptions, base
 A {info["kind"]} block drafter for speculative decoding of {target} with the `dflash2-hf` package.
 {info["layers"]} layers, hidden size {info["hidden_size"]}, blocks of {info["block_size"]} tokens, reading target
 layers {info["target_layer_ids"]}; {info["parameters"]:,} parameters ({info["selector_parameters"]:,} in the
-candidate selector{factorised}). Greedy output is identical to the target's own; sampled output has the
+candidate selector{factorised}){vocabulary}. Greedy output is identical to the target's own; sampled output has the
 target's distribution.
 
 ## Usage
@@ -355,6 +375,7 @@ def export_drafter(
     published_layout: bool = False,
     target: torch.nn.Module | None = None,
     overwrite: bool = False,
+    draft_vocabulary: torch.Tensor | None = None,
 ) -> Path:
     """Write a Hub-ready copy of the drafter in ``drafter_folder`` to ``out`` (see the module docstring).
 
@@ -371,6 +392,8 @@ def export_drafter(
             published or speculators layout (its codebooks are computed from the target's input embeddings), and
             read for the target's architectures in speculators' ``verifier`` entry.
         overwrite: replace ``out`` when it exists and is not empty.
+        draft_vocabulary: target token ids to draft from (:mod:`~dflash2_hf.training.draft_vocabulary`): the exported
+            drafter gets a head of its own over them, rows of ``target``'s LM head.
 
     Raises:
         ExportError: before anything is written, when the export cannot be done as asked.
@@ -379,6 +402,8 @@ def export_drafter(
     layout = chosen_layout(layout, published_layout)
     check_destination(out, drafter_folder, overwrite)
     drafter = load_drafter(drafter_folder, dtype)
+    if draft_vocabulary is not None:
+        drafter = cut_to_vocabulary(drafter, target, draft_vocabulary)
     options = recommended_options(drafter, path)
     drafter = in_layout(drafter, layout, target)
     record = read_training_record(drafter_folder)

@@ -43,6 +43,7 @@ DFLASH_FIELDS = (
     "final_logit_softcapping",
     "input_embedding_scale",
     "default_path_strategy",
+    "draft_vocab_size",
 )
 
 #: ``model_type`` values of published drafter configs that this class reads.
@@ -197,6 +198,7 @@ FIELD_RULES: dict[str, FieldRule] = {
     "default_adaptive_block": _FLAG,
     "default_lookup_tokens": FieldRule("int", low=0),
     "default_plain_fallback": _FLAG,
+    "draft_vocab_size": FieldRule("int", low=1, optional=True, note="tokens the drafter's own head drafts from"),
 }
 
 
@@ -216,8 +218,9 @@ def raise_if_invalid(problems: list[str], source: str | os.PathLike = "") -> Non
 class DFlashConfig(PreTrainedConfig):
     r"""Configuration of a DFlash (v1) or DFlash 2 block drafter.
 
-    The drafter is a small bidirectional transformer that has no embedding or LM head of its own: it embeds the block
-    with the target's input embeddings and reads logits out through the target's LM head.
+    The drafter is a small bidirectional transformer that has no embedding of its own: it embeds the block with the
+    target's input embeddings and reads logits out through the target's LM head, or through a head of its own over a
+    draft vocabulary (``draft_vocab_size``).
 
     Args:
         block_size: Tokens per drafted block, the anchor (last verified token) included.
@@ -242,6 +245,10 @@ class DFlashConfig(PreTrainedConfig):
         default_plain_fallback: whether ``generate`` decodes plainly wherever drafting is measured slower than plain
             decoding on the machine at hand, when the call does not set ``dflash_plain_fallback`` (True: never much
             slower than plain ``generate``; False: draft every cycle).
+        draft_vocab_size: draft from this many of the target's tokens only, through the drafter's own head (rows of the
+            target's head over those tokens, ``draft_head``) and their target ids (``draft_vocabulary``): a draft
+            costs less where the LM head is most of it; verification stays on the target's whole vocabulary, so the
+            output is as exact as with the full head (``None``: the target's head, every token).
         is_causal: attend causally inside the block instead of bidirectionally (the published drafters use
             bidirectional attention).
     """
@@ -288,6 +295,7 @@ class DFlashConfig(PreTrainedConfig):
     default_adaptive_block: bool = False
     default_lookup_tokens: int = 0
     default_plain_fallback: bool = True
+    draft_vocab_size: int | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
         """Check every field before anything is derived from it, derive the missing ones, then check them together.
@@ -415,6 +423,11 @@ class DFlashConfig(PreTrainedConfig):
             problems.append(f"mask_token_id must be < vocab_size {vocab}, got {self.mask_token_id}")
         if vocab is not None and self.selector_top_k > vocab:
             problems.append(f"selector_top_k must be <= vocab_size {vocab}, got {self.selector_top_k}")
+        draft_vocab = self.draft_vocab_size
+        if draft_vocab is not None and (vocab is None or draft_vocab > vocab):
+            problems.append(f"draft_vocab_size must be <= vocab_size {vocab}, got {draft_vocab}")
+        if draft_vocab is not None and self.selector_top_k > draft_vocab:
+            problems.append(f"selector_top_k must be <= draft_vocab_size {draft_vocab}, got {self.selector_top_k}")
         if self.selector_rank is not None and vocab is None:
             problems.append("a candidate selector (selector_rank) needs vocab_size")
         if self.selector_factorised and self.selector_rank is None:

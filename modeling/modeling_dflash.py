@@ -370,6 +370,8 @@ class CandidateSelector(nn.Module):
 
 #: safetensors dtype names of floating-point tensors: the only kind a drafter's weights may be stored as.
 FLOATING_SAFETENSORS_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
+#: Tensors stored as something else: the draft vocabulary's token ids.
+STORED_DTYPES = {"draft_vocabulary": {"I64", "I32"}}
 
 
 def _checkpoint_files(location: Any, hub_kwargs: dict) -> list[str]:
@@ -398,11 +400,23 @@ def check_stored_dtypes(location: Any, hub_kwargs: dict, not_loaded: frozenset[s
     file that the drafter does not load (a speculators checkpoint's integer vocabulary maps)."""
     for path in _checkpoint_files(location, hub_kwargs):
         wrong = {name: dtype for name, dtype in stored_dtypes(path).items()
-                 if dtype not in FLOATING_SAFETENSORS_DTYPES and name not in not_loaded}
+                 if dtype not in STORED_DTYPES.get(name, FLOATING_SAFETENSORS_DTYPES) and name not in not_loaded}
         if wrong:
             named = ", ".join(f"{name} ({dtype})" for name, dtype in sorted(wrong.items()))
-            raise DrafterLoadError(f"Checkpoint at {location} stores {named}, not floating point; a "
-                                   "drafter's weights are floats: save them again from the trained model.")
+            raise DrafterLoadError(f"Checkpoint at {location} stores {named}, not floating point (token ids: "
+                                   "integers); save the drafter again from the trained model.")
+
+
+def check_draft_vocabulary(model: nn.Module, location: Any) -> None:
+    """Refuse a draft vocabulary that is not distinct ids of the target's vocabulary, which would draft tokens the
+    target does not have or waste rows of the draft head on one token."""
+    ids = getattr(model, "draft_vocabulary", None)
+    if ids is None:
+        return
+    vocab = model.config.vocab_size
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab or ids.unique().numel() != ids.numel():
+        raise DrafterLoadError(f"Checkpoint at {location} has a draft_vocabulary that is not {ids.numel()} distinct "
+                               f"token ids below vocab_size {vocab}; save the drafter again.")
 
 
 def refuse_meta_device_map(device_map: Any) -> None:
@@ -493,6 +507,7 @@ class DFlashPreTrainedModel(PreTrainedModel):
                   if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
         if broken:
             raise DrafterLoadError(f"Checkpoint at {pretrained_model_name_or_path} has NaN or Inf values in: {', '.join(broken)}.")
+        check_draft_vocabulary(model, pretrained_model_name_or_path)
         if "key_mapping" in kwargs:
             # transformers would replay the renaming backwards on save; always save in this class's own layout.
             model.__dict__.pop("_weight_conversions", None)
@@ -518,6 +533,10 @@ class DFlashDraftModel(DFlashPreTrainedModel):
         self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(config)
         self.candidate_selector = CandidateSelector(config) if config.is_dflash2 else None
+        draft_vocab = config.draft_vocab_size
+        self.draft_head = None if draft_vocab is None else nn.Linear(config.hidden_size, draft_vocab, bias=False)
+        # The target id of each draft-vocabulary token (row of draft_head), saved with the weights.
+        self.register_buffer("draft_vocabulary", None if draft_vocab is None else torch.arange(draft_vocab))
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -592,12 +611,22 @@ class DFlashDraftModel(DFlashPreTrainedModel):
             )
         return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), cache=cache)
 
+    def output_head(self, output_embeddings: nn.Module) -> nn.Module:
+        """The head drafted positions' logits come from: the drafter's own over its draft vocabulary, if it has one,
+        else the target's LM head (``output_embeddings``)."""
+        return output_embeddings if self.draft_head is None else self.draft_head
+
+    def target_token_ids(self, head_ids: torch.Tensor) -> torch.Tensor:
+        """Target token ids of indices into :meth:`output_head`'s logits (the same ids without a draft vocabulary)."""
+        return head_ids if self.draft_vocabulary is None else self.draft_vocabulary[head_ids]
+
     def compute_logits(self, hidden_states: torch.Tensor, output_embeddings: nn.Module) -> torch.Tensor:
-        """Logits of drafted positions through the target's LM head, with the configured multiplier and soft cap. The
-        positions go through the head as one matrix: a strided 3-D input (a slice of the block) would make torch
-        multiply by a copy of the head per row instead."""
+        """Logits of drafted positions through :meth:`output_head` (the target's LM head, or the drafter's own over its
+        draft vocabulary), with the configured multiplier and soft cap. The positions go through the head as one
+        matrix: a strided 3-D input (a slice of the block) would make torch multiply by a copy of the head per row."""
         flat = hidden_states.reshape(-1, hidden_states.shape[-1])
-        logits = output_embeddings(flat).view(*hidden_states.shape[:-1], -1) * float(self.config.output_multiplier)
+        head = self.output_head(output_embeddings)
+        logits = head(flat).view(*hidden_states.shape[:-1], -1) * float(self.config.output_multiplier)
         softcap = self.config.final_logit_softcapping
         if softcap:
             logits = torch.tanh(logits / float(softcap)) * float(softcap)

@@ -427,6 +427,10 @@ DOCUMENTED_COMMANDS = {
         "tests/test_cli.py::test_train_factorised_selector_then_export_it_in_the_published_layout",
     "dflash2-hf export --published-layout --target TARGET":
         "tests/test_cli.py::test_train_factorised_selector_then_export_it_in_the_published_layout",
+    # docs/export.md: a draft vocabulary cut at export, on the tiny target and a one-answer data folder.
+    "dflash2-hf export runs/smollm2-train/drafter hub/smollm2-135m-dflash2-16k --target smollm2-135m "
+    "--draft-vocab-size 16384 --vocab-data runs/smollm2-data":
+        "tests/test_draft_vocabulary.py::test_export_cuts_the_drafter_to_the_answers_vocabulary",
     # docs/drafter.md and docs/export.md: the three layouts an export writes.
     "dflash2-hf export --format published": "tests/test_export.py::test_the_format_flag_writes_the_published_layout",
     "dflash2-hf export --format speculators":

@@ -33,6 +33,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     weights.add_argument("--target", help="the drafter's target (preset or checkpoint folder): a factorised selector "
                                           "is stored as codebooks computed from its input embeddings, and speculators' "
                                           "config names its architecture")
+    vocabulary = share.add_argument_group("draft vocabulary")
+    vocabulary.add_argument("--draft-vocab-size", type=int, metavar="N",
+                            help="draft from the N tokens the target's answers in --vocab-data use most, through a "
+                                 "head of the drafter's own (rows of the target's head; needs --target): a cheaper "
+                                 "draft, verified as exactly as before (default: the target's whole head)")
+    vocabulary.add_argument("--vocab-data", nargs="+", metavar="DIR",
+                            help="folders written by `dflash2-hf data` whose answers choose the draft vocabulary")
     card = share.add_argument_group("model card and decoding defaults")
     card.add_argument("--base-model", help="Hub id of the target (default: the target recorded in training.json)")
     card.add_argument("--license", default="apache-2.0", help="license identifier for the model card")
@@ -45,17 +52,38 @@ def export(args: argparse.Namespace) -> None:
     """Write a Hub-ready copy of a drafter folder: weights, remote code, generation config and model card."""
     from ..export import ExportError, check_destination, chosen_layout, export_drafter
     from ..presets import load_target
+    from ..training.draft_vocabulary import draft_vocabulary_from_answers
 
     try:
         chosen_layout(args.format, args.published_layout)
         check_destination(Path(args.out), Path(args.drafter), args.overwrite)  # before the target loads
         if args.target:
             check_target_argument("dflash2-hf export", "--target", args.target)
+        check_vocabulary_arguments(args)
         target = load_target(args.target, dtype=torch.float32)[0] if args.target else None
+        vocabulary = None
+        if args.draft_vocab_size is not None:
+            vocabulary = draft_vocabulary_from_answers(target, args.vocab_data, args.draft_vocab_size)
+            print(f"dflash2-hf export: {vocabulary.describe()}")
         export_drafter(args.drafter, args.out, base_model=args.base_model, license_id=args.license,
                        results=args.results, path=args.path, dtype=getattr(torch, args.dtype),
                        layout=args.format, published_layout=args.published_layout, target=target,
-                       overwrite=args.overwrite)
+                       overwrite=args.overwrite,
+                       draft_vocabulary=None if vocabulary is None else vocabulary.token_ids)
     except ExportError as error:
         raise SystemExit(f"dflash2-hf export: {error}") from None
     print(f"Hub-ready drafter written to {args.out}")
+
+
+def check_vocabulary_arguments(args: argparse.Namespace) -> None:
+    """Refuse a draft vocabulary asked for without what it is made from (a positive size, answers, the target)."""
+    if args.draft_vocab_size is None:
+        if args.vocab_data:
+            raise SystemExit("dflash2-hf export: --vocab-data chooses a draft vocabulary; give its size too "
+                             "(--draft-vocab-size N).")
+        return
+    if args.draft_vocab_size < 1:
+        raise SystemExit(f"dflash2-hf export: --draft-vocab-size must be >= 1, got {args.draft_vocab_size}.")
+    if not args.vocab_data or not args.target:
+        raise SystemExit("dflash2-hf export: --draft-vocab-size needs --vocab-data (answers made by `dflash2-hf "
+                         "data`) and --target (whose head rows the drafter copies).")

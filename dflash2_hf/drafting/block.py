@@ -2,7 +2,8 @@
 
 :class:`BlockDrafter` owns the drafter's context cache for one generation. Each call feeds the target's hidden states
 of the tokens verified since the last call, drafts ``[anchor, mask, ...]`` in one drafter forward pass, reads the
-drafted positions' logits through the target's LM head, keeps the top-K candidates and scores adjacent pairs with the
+drafted positions' logits through the target's LM head (or the drafter's own, over its draft vocabulary, whose
+candidates are mapped back to target ids), keeps the top-K candidates and scores adjacent pairs with the
 selector (DFlash 2), all in batched ops.
 """
 
@@ -62,9 +63,12 @@ class BlockDrafter:
         output = self.drafter(embeds, context_hidden_states=context, position_ids=positions, cache=self.cache)
         self.cache.crop(-self.options.block_size)
         hidden = output.last_hidden_state[:, 1 : 1 + length]
-        logits = self.drafter.compute_logits(hidden.to(self.output_embeddings.weight.dtype), self.output_embeddings)
+        head_dtype = self.drafter.output_head(self.output_embeddings).weight.dtype
+        logits = self.drafter.compute_logits(hidden.to(head_dtype), self.output_embeddings)
         anchor = torch.tensor([anchor_id], device=logits.device)
-        return build_lattice(logits.float(), anchor, self.options.top_k), hidden
+        lattice = build_lattice(logits.float(), anchor, self.options.top_k)
+        lattice.candidate_ids = self.drafter.target_token_ids(lattice.candidate_ids)
+        return lattice, hidden
 
     @torch.no_grad()
     def score(self, lattice: Lattice, hidden: torch.Tensor) -> Lattice:

@@ -112,7 +112,10 @@ class DraftOptions:
 
 
 def _vocabulary_size(config, target: torch.nn.Module | None) -> int:
-    """The vocabulary candidates come from: the target's LM-head rows, else the drafter config's ``vocab_size``."""
+    """The vocabulary candidates come from: the drafter's draft vocabulary, else the target's LM-head rows, else the
+    drafter config's ``vocab_size``."""
+    if getattr(config, "draft_vocab_size", None) is not None:
+        return config.draft_vocab_size
     return config.vocab_size if target is None else target.get_output_embeddings().weight.shape[0]
 
 

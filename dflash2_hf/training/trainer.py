@@ -135,6 +135,10 @@ class DrafterTrainer:
         # mixed precision autocasts every forward, so the held-out measures could not run it as decoding does.
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="no")
         drafter.config.check_fits_target(target.config, target.get_output_embeddings().weight.shape[0])
+        if drafter.config.draft_vocab_size is not None:
+            raise ValueError(f"training reads logits over the target's whole vocabulary, and this drafter drafts from "
+                             f"a draft vocabulary of {drafter.config.draft_vocab_size} tokens: train the drafter it was "
+                             "cut from, then cut it again (`dflash2-hf export --draft-vocab-size`).")
         self.target = target.eval().requires_grad_(False).to(self.accelerator.device)
         self.records, self.heldout = split_heldout(records, config.heldout_fraction)
         self.output_dir = Path(config.output_dir)
