@@ -187,6 +187,8 @@ def training_section(record: dict | None) -> str:
     settings = {name: value for name, value in record.get("config", {}).items() if name != "output_dir"}
     if settings:
         lines.append("* Settings: " + ", ".join(f"`{name}={_format(value)}`" for name, value in settings.items()))
+    if "draft_vocabulary" in record:
+        lines.append(f"* Draft vocabulary: {record['draft_vocabulary']}")
     earlier = record.get("started_from")
     if earlier:  # a continued run: the earlier stages' own records, oldest last
         lines.append("* Continued from a drafter trained earlier:")

@@ -620,6 +620,15 @@ class DFlashDraftModel(DFlashPreTrainedModel):
         """Target token ids of indices into :meth:`output_head`'s logits (the same ids without a draft vocabulary)."""
         return head_ids if self.draft_vocabulary is None else self.draft_vocabulary[head_ids]
 
+    def head_token_ids(self, target_ids: torch.Tensor) -> torch.Tensor:
+        """Indices into :meth:`output_head`'s logits of target token ids; negative where the head has no row for the
+        id (outside the draft vocabulary, or a negative label, which is kept as it is without a draft vocabulary)."""
+        if self.draft_vocabulary is None:
+            return target_ids
+        rows = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=target_ids.device)
+        rows[self.draft_vocabulary.to(target_ids.device)] = torch.arange(self.draft_vocabulary.numel(), device=rows.device)
+        return torch.where(target_ids >= 0, rows[target_ids.clamp_min(0)], -1)
+
     def compute_logits(self, hidden_states: torch.Tensor, output_embeddings: nn.Module) -> torch.Tensor:
         """Logits of drafted positions through :meth:`output_head` (the target's LM head, or the drafter's own over its
         draft vocabulary), with the configured multiplier and soft cap. The positions go through the head as one

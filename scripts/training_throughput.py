@@ -5,8 +5,9 @@ sequence) and drafted positions per second of optimizer steps once the features 
 
 A new 2-layer DFlash 2 drafter (block 16, selector rank 64) for SmolLM2-135M trains on the first ``--records``
 answers of ``--data``, ``--batch-size`` sequences of ``--blocks`` blocks per step, as `dflash2-hf train` does by
-default. It uses only the trainer's long-standing interface, so it also measures an older checkout
-(``PYTHONPATH=OLD_CHECKOUT``): that is how docs/training.md compares before and after.
+default (``--draft-vocab-size N``: cut to the N tokens all of ``--data``'s answers use most). It uses only the
+trainer's long-standing interface, so it also measures an older checkout (``PYTHONPATH=OLD_CHECKOUT``, without
+``--draft-vocab-size``): that is how docs/training.md compares before and after.
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=4, help="sequences per step (>= 1)")
     parser.add_argument("--blocks", type=int, default=16, help="blocks per sequence (>= 1)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (>= 1)")
+    parser.add_argument("--draft-vocab-size", type=int,
+                        help="cut the drafter to the N tokens the answers use most (>= 1; default: the whole head)")
     args = parser.parse_args()
-    for name in ("records", "steps", "batch_size", "blocks", "threads"):
-        if getattr(args, name) < 1:
+    for name in ("records", "steps", "batch_size", "blocks", "threads", "draft_vocab_size"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     return args
 
@@ -51,9 +54,15 @@ def new_trainer(args: argparse.Namespace) -> DrafterTrainer:
     torch.manual_seed(0)
     drafter = DFlashDraftModel.class_for_config(config)(config)
     initialize_from_target(drafter, target)
+    records = read_responses(args.data)[: args.records]
+    if args.draft_vocab_size is not None:
+        from dflash2_hf.training.draft_vocabulary import draft_vocabulary_of, with_draft_vocabulary
+
+        vocabulary = draft_vocabulary_of(target, read_responses(args.data), args.draft_vocab_size)
+        drafter = with_draft_vocabulary(drafter, target.get_output_embeddings().weight, vocabulary.token_ids)
     settings = TrainingConfig(output_dir=tempfile.mkdtemp(), steps=10**6, batch_size=args.batch_size,
                               blocks_per_sequence=args.blocks, checkpoint_every=10**6, bf16=bf16)
-    return DrafterTrainer(drafter, target, read_responses(args.data)[: args.records], settings)
+    return DrafterTrainer(drafter, target, records, settings)
 
 
 def drafted_positions(trainer: DrafterTrainer, steps: range) -> int:

@@ -178,6 +178,18 @@ def test_train_init_from_continues_the_whole_drafter_in_its_layout_on_new_data(t
     assert record["config"]["heldout_fraction"] == 0.25 and record["config"]["selector_gold"] == "skip"
 
 
+def test_train_cuts_a_new_drafter_to_the_answers_vocabulary_and_a_resumed_run_keeps_it(target, data, tmp_path):
+    out = tmp_path / "run"
+    printed = run(train_argv(target, data[0], out, "--draft-vocab-size", "64", "--dtype", "float32"))
+    answers = {token for record in read_responses(data[0]) for token in record["response_ids"]}
+    assert f"draft vocabulary of 64 tokens: 100.0% of the {sum(len(r['response_ids']) for r in read_responses(data[0]))}" \
+        in printed
+    drafter = DFlashDraftModel.from_pretrained(out / "drafter")
+    assert drafter.config.draft_vocab_size == 64 and answers <= set(drafter.draft_vocabulary.tolist())
+    message = refusal(train_argv(target, data[0], out, "--draft-vocab-size", "32", "--dtype", "float32"))
+    assert "--draft-vocab-size (draft_vocab_size): 64 saved, 32 asked" in message
+
+
 def test_train_distills_from_the_target_distribution_when_asked_and_records_the_weight(target, data, tmp_path):
     run(train_argv(target, data[0], tmp_path / "run", "--distill-weight", "0.5", "--heldout-fraction", "0.34",
                    "--feature-store", str(tmp_path / "features"), "--dtype", "float32"))

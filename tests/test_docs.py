@@ -368,6 +368,9 @@ DOCUMENTED_COMMANDS = {
     "python scripts/training_throughput.py --data ../shared/data/smollm2-135m-chat-a --dtype bfloat16 --records 24 "
     "--steps 4 --batch-size B --blocks N --threads 2":
         "tests/test_scripts.py::test_training_throughput_script_times_features_and_steps_on_the_real_target",
+    "python scripts/training_throughput.py --data ../shared/data/smollm2-135m-chat-a --dtype bfloat16 --records 24 "
+    "--steps 4 --batch-size 4 --blocks 24 --threads 2 --draft-vocab-size N":
+        "tests/test_scripts.py::test_training_throughput_script_times_features_and_steps_on_the_real_target",
     # docs/training.md: the learning curve (the data commands as above on the tiny target; training with a feature
     # store, 3 steps; evaluate with the tree options on 1 prompt; the script on two made-up drafters' records).
     "dflash2-hf data --target smollm2-135m --out runs/curve-a --limit 300 --max-new-tokens 256":
@@ -430,6 +433,9 @@ DOCUMENTED_COMMANDS = {
     # docs/export.md: a draft vocabulary cut at export, on the tiny target and a one-answer data folder.
     "dflash2-hf export runs/smollm2-train/drafter hub/smollm2-135m-dflash2-16k --target smollm2-135m "
     "--draft-vocab-size 16384 --vocab-data runs/smollm2-data":
+        "tests/test_draft_vocabulary.py::test_export_cuts_the_drafter_to_the_answers_vocabulary",
+    "dflash2-hf export dflash2_hf/drafters/smollm2-135m runs/dv8192 --target smollm2-135m --draft-vocab-size 8192 "
+    "--vocab-data ../shared/data/smollm2-135m-chat-a":
         "tests/test_draft_vocabulary.py::test_export_cuts_the_drafter_to_the_answers_vocabulary",
     # docs/drafter.md and docs/export.md: the three layouts an export writes.
     "dflash2-hf export --format published": "tests/test_export.py::test_the_format_flag_writes_the_published_layout",

@@ -3,12 +3,14 @@ decoding stays exact (greedy identical to plain generate, sampling the target's 
 
 from __future__ import annotations
 
+import copy
 import json
+from dataclasses import asdict
 
 import pytest
 import torch
 
-from conftest import TINY_VOCAB, refusal, tiny_drafter, tiny_target
+from conftest import TINY_VOCAB, random_records, refusal, tiny_drafter, tiny_target
 from dflash2_hf import DFlashDraftModel
 from dflash2_hf.cli import main
 from dflash2_hf.drafting.block import BlockDrafter
@@ -131,10 +133,43 @@ def test_a_drafter_cut_once_is_not_cut_again(target, drafter):
         cut(cut(drafter, target), target)
 
 
-def test_training_refuses_a_cut_drafter(target, drafter, tmp_path):
-    records = [{"prompt_ids": [1, 2, 3], "response_ids": list(range(4, 40))}] * 4
-    with pytest.raises(ValueError, match="train the drafter it was cut from"):
-        DrafterTrainer(cut(drafter, target), target, records, TrainingConfig(output_dir=str(tmp_path)))
+def test_head_rows_of_target_ids_and_back():
+    drafter = tiny_drafter("dflash2", draft_vocab_size=48)
+    drafter.draft_vocabulary.copy_(EVEN_TOKENS)
+    ids = torch.tensor([[0, 2, 94, 1, 95, -100]])
+    assert drafter.head_token_ids(ids).tolist() == [[0, 1, 47, -1, -1, -1]]
+    assert torch.equal(drafter.target_token_ids(drafter.head_token_ids(EVEN_TOKENS)), EVEN_TOKENS)
+
+
+def trainer_for(drafter, target, records, folder, **overrides) -> DrafterTrainer:
+    settings = dict(steps=6, batch_size=4, blocks_per_sequence=4, warmup_steps=1, learning_rate=3e-3,
+                    checkpoint_every=3, heldout_fraction=0.25) | overrides
+    return DrafterTrainer(drafter, target, records, TrainingConfig(output_dir=str(folder), **settings))
+
+
+@pytest.mark.parametrize("distill_weight", [0.0, 0.5])
+def test_a_cut_to_every_token_trains_as_the_whole_head_does(target, drafter, tmp_path, distill_weight):
+    records = random_records(12)
+    whole = trainer_for(copy.deepcopy(drafter), target, records, tmp_path / "whole", distill_weight=distill_weight)
+    every = cut(copy.deepcopy(drafter), target, torch.arange(TINY_VOCAB))
+    cut_run = trainer_for(every, target, records, tmp_path / "cut", distill_weight=distill_weight)
+    batch = whole.batch_for_step(0)
+    with torch.no_grad():
+        expected, got = asdict(whole.losses(batch)[1]), asdict(cut_run.losses(batch)[1])
+    assert got.pop("accuracy_by_position") == expected.pop("accuracy_by_position")
+    assert got == pytest.approx(expected, rel=1e-5)
+    assert whole.heldout_acceptance() == cut_run.heldout_acceptance()
+
+
+def test_training_a_cut_drafter_keeps_its_head_and_vocabulary_and_trains_the_rest(target, drafter, tmp_path):
+    cut_drafter = cut(copy.deepcopy(drafter), target)
+    head, layer = cut_drafter.draft_head.weight.clone(), cut_drafter.layers[0].mlp.down_proj.weight.clone()
+    history = trainer_for(cut_drafter, target, random_records(12), tmp_path / "run").train()
+    assert torch.equal(cut_drafter.draft_head.weight, head) and torch.equal(cut_drafter.draft_vocabulary, EVEN_TOKENS)
+    assert not torch.equal(cut_drafter.layers[0].mlp.down_proj.weight, layer)
+    assert all(torch.isfinite(torch.tensor(step["loss"])) for step in history)
+    assert 1.0 <= history[-1]["heldout_acceptance"] <= drafter.block_size
+    assert history[-1]["heldout_selector_acceptance"] >= 1.0
 
 
 @pytest.mark.parametrize("layout", ["published", "speculators"])

@@ -157,8 +157,10 @@ def test_train_on_device_recipe_without_a_folder_says_how_to_call_it():
 
 
 @pytest.mark.slow
-def test_training_throughput_script_times_features_and_steps_on_the_real_target(tmp_path):
-    """docs/training.md's `python scripts/training_throughput.py --data DIR ...` on two short answers, one step."""
+@pytest.mark.parametrize("head", [[], ["--draft-vocab-size", "64"]], ids=["target's head", "draft vocabulary"])
+def test_training_throughput_script_times_features_and_steps_on_the_real_target(tmp_path, head):
+    """docs/training.md's `python scripts/training_throughput.py --data DIR ...` on two short answers, one step, with
+    the target's head and with a draft vocabulary."""
     from dflash2_hf.presets import SMOLLM2_135M
 
     tokenizer = SMOLLM2_135M.load_tokenizer()
@@ -166,7 +168,7 @@ def test_training_throughput_script_times_features_and_steps_on_the_real_target(
     (tmp_path / "shard-0000000.jsonl").write_text("".join(
         json.dumps({"prompt": str(n), "prompt_ids": ids[:8], "response_ids": ids[8 + n:]}) + "\n" for n in range(2)))
     command = [sys.executable, str(ROOT / "scripts" / "training_throughput.py"), "--data", str(tmp_path), "--records",
-               "2", "--steps", "1", "--batch-size", "1", "--blocks", "2", "--dtype", "float32", "--threads", "2"]
+               "2", "--steps", "1", "--batch-size", "1", "--blocks", "2", "--dtype", "float32", "--threads", "2", *head]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"target float32: features [\d.]+ sequences/s; [\d.]+ s/step, \d+ drafted positions/s",

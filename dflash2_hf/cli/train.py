@@ -72,6 +72,10 @@ def add_layout_options(group: argparse._ArgumentGroup) -> None:
                        help="a new selector (new drafter or --new-selector) derives its token codes from the target's "
                             "input embeddings (3 x hidden x rank parameters instead of two vocabulary-sized "
                             "codebooks)")
+    group.add_argument("--draft-vocab-size", type=int, metavar="N",
+                       help="draft from the N tokens the training answers use most, through a head of the drafter's "
+                            "own (rows of the target's head, frozen): cheaper drafts and training steps (>= 1; "
+                            "also cuts an --init-from drafter; default: the target's whole head)")
     group.add_argument("--intermediate-size", type=int, help="MLP width (>= 1; default: the target's)")
     group.add_argument("--mask-token", default="<empty_output>", help="an existing token the target never emits")
     group.add_argument("--mask-token-id", type=int,
@@ -106,7 +110,7 @@ def add_loss_options(group: argparse._ArgumentGroup) -> None:
 #: --taps by its layers, --mask-token-id by its vocabulary).
 TRAIN_MINIMUMS = {"--steps": 1, "--batch-size": 1, "--blocks": 1, "--warmup": 0, "--checkpoint-every": 1,
                   "--layers": 1, "--taps": 1, "--block-size": 2, "--selector-rank": 0, "--intermediate-size": 1,
-                  "--mask-token-id": 0, "--seed": 0, "--feature-cache-gb": 0}
+                  "--mask-token-id": 0, "--seed": 0, "--feature-cache-gb": 0, "--draft-vocab-size": 1}
 
 
 def check_train_numbers(args: argparse.Namespace) -> None:
@@ -130,7 +134,8 @@ def vocabulary_id(tokenizer, token: str) -> int:
 LAYOUT_FLAGS = {"num_hidden_layers": "--layers", "target_layer_ids": "--taps", "block_size": "--block-size",
                 "selector_rank": "--selector-rank", "selector_factorised": "--factorised-selector",
                 "intermediate_size": "--intermediate-size", "mask_token_id": "--mask-token/--mask-token-id",
-                "hidden_size": "--target", "vocab_size": "--target", "num_target_layers": "--target"}
+                "hidden_size": "--target", "vocab_size": "--target", "num_target_layers": "--target",
+                "draft_vocab_size": "--draft-vocab-size"}
 
 
 def check_resumed_layout(saved_file: Path, asked: DFlashConfig, init_from: bool) -> None:
@@ -199,35 +204,61 @@ def training_settings(args: argparse.Namespace, records: list[dict]):
     return training
 
 
-def starting_drafter(args: argparse.Namespace, target, tokenizer) -> DFlashDraftModel:
+def starting_drafter(args: argparse.Namespace, target, tokenizer, records: list[dict]) -> DFlashDraftModel:
     """The drafter training starts from: the ``--init-from`` drafter (continued, or upgraded to DFlash 2), else a new
-    one of the flags' layout initialised from the target's layers. Its layout is saved in ``--out``; a resumed run
-    asking for another is refused (the newest checkpoint there then replaces these starting weights)."""
+    one of the flags' layout initialised from the target's layers; cut to ``--draft-vocab-size`` tokens of
+    ``records``' answers when asked. Its layout is saved in ``--out``; a resumed run asking for another is refused
+    (the newest checkpoint there then replaces these starting weights)."""
     from ..training.checkpoint import latest_checkpoint
-    from ..training.setup import drafter_config_for, drafter_to_continue, initialize_from_target
 
-    out, drafter = Path(args.out), None
+    out = Path(args.out)
     torch.manual_seed(args.seed)
-    if args.init_from:
-        drafter = drafter_to_continue(args.init_from, selector_rank=args.selector_rank or None,
-                                      new_selector=args.new_selector, selector_factorised=args.factorised_selector)
-        config = drafter.config
-    else:
-        mask = args.mask_token_id if args.mask_token_id is not None else vocabulary_id(tokenizer, args.mask_token)
-        config = drafter_config_for(target.config, mask, num_layers=args.layers, num_taps=args.taps,
-                                    block_size=args.block_size, selector_rank=args.selector_rank or None,
-                                    intermediate_size=args.intermediate_size,
-                                    selector_factorised=args.factorised_selector)
+    drafter = continued_drafter(args) if args.init_from else new_drafter(args, target, tokenizer)
+    if args.draft_vocab_size is not None:
+        drafter = with_answers_vocabulary(drafter, target, records, args.draft_vocab_size)
     saved_config = out / "drafter_config.json"
     # A config without any checkpoint next to it (a run that failed before its first one) fixes nothing.
     if latest_checkpoint(out) is not None and saved_config.exists():
-        check_resumed_layout(saved_config, config, init_from=bool(args.init_from))
+        check_resumed_layout(saved_config, drafter.config, init_from=bool(args.init_from))
     out.mkdir(parents=True, exist_ok=True)
-    config.to_json_file(saved_config)
-    if drafter is None:
-        drafter = DFlashDraftModel.class_for_config(config)(config)
-        initialize_from_target(drafter, target)
+    drafter.config.to_json_file(saved_config)
     return drafter
+
+
+def continued_drafter(args: argparse.Namespace) -> DFlashDraftModel:
+    """The ``--init-from`` drafter, continued as saved, upgraded to DFlash 2 or given a new selector."""
+    from ..training.setup import drafter_to_continue
+
+    return drafter_to_continue(args.init_from, selector_rank=args.selector_rank or None,
+                               new_selector=args.new_selector, selector_factorised=args.factorised_selector)
+
+
+def new_drafter(args: argparse.Namespace, target, tokenizer) -> DFlashDraftModel:
+    """A new drafter of the flags' layout, initialised from the target's last layers."""
+    from ..training.setup import drafter_config_for, initialize_from_target
+
+    mask = args.mask_token_id if args.mask_token_id is not None else vocabulary_id(tokenizer, args.mask_token)
+    config = drafter_config_for(target.config, mask, num_layers=args.layers, num_taps=args.taps,
+                                block_size=args.block_size, selector_rank=args.selector_rank or None,
+                                intermediate_size=args.intermediate_size, selector_factorised=args.factorised_selector)
+    drafter = DFlashDraftModel.class_for_config(config)(config)
+    initialize_from_target(drafter, target)
+    return drafter
+
+
+def with_answers_vocabulary(drafter: DFlashDraftModel, target, records: list[dict], size: int) -> DFlashDraftModel:
+    """``drafter`` drafting from the ``size`` tokens ``records``' answers use most (one already cut to that size is
+    kept as it is; to another size, refused)."""
+    from ..training.draft_vocabulary import draft_vocabulary_of, with_draft_vocabulary
+
+    if drafter.config.draft_vocab_size is not None:
+        if drafter.config.draft_vocab_size != size:
+            raise SystemExit(f"dflash2-hf train: the --init-from drafter drafts from {drafter.config.draft_vocab_size} "
+                             f"tokens, not --draft-vocab-size {size}; leave the flag out to keep its vocabulary.")
+        return drafter
+    vocabulary = draft_vocabulary_of(target, records, size)
+    print(f"dflash2-hf train: {vocabulary.describe()}")
+    return with_draft_vocabulary(drafter, target.get_output_embeddings().weight, vocabulary.token_ids)
 
 
 def export_trained(args: argparse.Namespace, trainer, history: list[dict], folders: list[list[dict]]) -> None:
@@ -252,7 +283,7 @@ def train(args: argparse.Namespace) -> None:
     """Train a drafter on cached responses (resumes from ``--out``), then export it. Settings, data and output
     folders are checked before the target loads, the data's token ids and a resumed run's layout right after."""
     from ..presets import load_target
-    from ..training.trainer import DrafterTrainer
+    from ..training.trainer import DrafterTrainer, split_heldout
 
     check_train_numbers(args)
     folders = read_data(args.data, "train")
@@ -268,7 +299,8 @@ def train(args: argparse.Namespace) -> None:
     check_resumed_schedule(Path(args.out), training)
     target, tokenizer = load_target(args.target, dtype=torch.bfloat16 if training.bf16 else torch.float32)
     check_data_vocabulary("train", records, target, args.data)
-    trainer = DrafterTrainer(starting_drafter(args, target, tokenizer), target, records, training)
+    trained_on = split_heldout(records, training.heldout_fraction)[0]  # the held-out answers choose no token
+    trainer = DrafterTrainer(starting_drafter(args, target, tokenizer, trained_on), target, records, training)
     history = trainer.train()
     export_trained(args, trainer, history, folders)
     trainer.finish()

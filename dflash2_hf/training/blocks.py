@@ -144,23 +144,25 @@ def selector_loss(
 
     ``hidden`` / ``logits``: drafted positions ``[N, B-1, ...]``; ``labels``: ``[N, B]`` with the anchor at 0.
     Where the gold token is not among the top-K, ``insert_missing_gold`` puts it in place of the last candidate;
-    otherwise that position adds nothing to the loss. The sum is divided by ``normaliser`` (default: the number of
+    otherwise (or where a draft vocabulary has no row for it) that position adds nothing to the loss. The sum is divided by ``normaliser`` (default: the number of
     positions with a gold token and a gold predecessor). ``embedding_table``: the target's input embedding matrix,
     which a factorised selector needs.
     """
     selector = drafter.candidate_selector
     gold, predecessors = labels[:, 1:], labels[:, :-1]
     scored = valid = selector_positions(labels)
-    candidate_logits, candidates = torch.topk(logits.detach().float(), selector.top_k, dim=-1)
-    safe_gold = gold.clamp_min(0)
-    missing = ~(candidates == safe_gold[..., None]).any(-1)
+    candidates = torch.topk(logits.detach().float(), selector.top_k, dim=-1).indices  # rows of the drafter's head
+    head_gold = drafter.head_token_ids(gold)  # negative: no gold, or none the head can draft
+    missing = ~(candidates == head_gold[..., None]).any(-1)
     if insert_missing_gold:
-        candidates[..., -1] = torch.where(missing, safe_gold, candidates[..., -1])
+        insertable = missing & (head_gold >= 0)
+        candidates[..., -1] = torch.where(insertable, head_gold, candidates[..., -1])
+        valid = valid & (~missing | insertable)
     else:
         valid = valid & ~missing
     candidate_logits = logits.detach().float().gather(-1, candidates)
-    scores = selector.pair_scores(hidden, predecessors.clamp_min(0)[..., None], candidates, candidate_logits,
-                                  embedding_table)[..., 0, :]
-    target_index = (candidates == safe_gold[..., None]).float().argmax(-1)
+    scores = selector.pair_scores(hidden, predecessors.clamp_min(0)[..., None], drafter.target_token_ids(candidates),
+                                  candidate_logits, embedding_table)[..., 0, :]
+    target_index = (candidates == head_gold[..., None]).float().argmax(-1)
     losses = F.cross_entropy(scores.float().flatten(0, 1), target_index.flatten(), reduction="none")
     return (losses * valid.flatten()).sum() / (normaliser or scored.sum().clamp_min(1))

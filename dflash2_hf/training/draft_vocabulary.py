@@ -36,10 +36,14 @@ class DraftVocabulary:
 def draft_vocabulary_from_answers(target: torch.nn.Module, folders: list[str | os.PathLike], size: int) -> DraftVocabulary:
     """The ``size`` tokens the target's answers in ``folders`` (made by ``dflash2-hf data``) use most, its
     end-of-answer ids always among them."""
-    vocab_size = target.get_output_embeddings().weight.shape[0]
     records = read_responses(*folders)
-    check_token_ids(records, vocab_size, folders)
-    counts = answer_token_counts(records, vocab_size)
+    check_token_ids(records, target.get_output_embeddings().weight.shape[0], folders)
+    return draft_vocabulary_of(target, records, size)
+
+
+def draft_vocabulary_of(target: torch.nn.Module, records: list[dict], size: int) -> DraftVocabulary:
+    """The ``size`` tokens the target's answers in ``records`` use most, its end-of-answer ids always among them."""
+    counts = answer_token_counts(records, target.get_output_embeddings().weight.shape[0])
     eos = target.generation_config.eos_token_id
     ends = [token for token in (eos if isinstance(eos, list) else [eos]) if token is not None]
     token_ids = most_used_tokens(counts, size, always=ends)

@@ -135,10 +135,6 @@ class DrafterTrainer:
         # mixed precision autocasts every forward, so the held-out measures could not run it as decoding does.
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="no")
         drafter.config.check_fits_target(target.config, target.get_output_embeddings().weight.shape[0])
-        if drafter.config.draft_vocab_size is not None:
-            raise ValueError(f"training reads logits over the target's whole vocabulary, and this drafter drafts from "
-                             f"a draft vocabulary of {drafter.config.draft_vocab_size} tokens: train the drafter it was "
-                             "cut from, then cut it again (`dflash2-hf export --draft-vocab-size`).")
         self.target = target.eval().requires_grad_(False).to(self.accelerator.device)
         self.records, self.heldout = split_heldout(records, config.heldout_fraction)
         self.output_dir = Path(config.output_dir)
@@ -146,6 +142,8 @@ class DrafterTrainer:
             drafter.requires_grad_(config.train_drafter)
             if drafter.candidate_selector is not None:
                 drafter.candidate_selector.requires_grad_(True)
+            if drafter.draft_head is not None:  # rows of the target's head, frozen as the target's head is
+                drafter.draft_head.requires_grad_(False)
         trainable = [p for p in drafter.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
         self.drafter, self.optimizer = self.accelerator.prepare(drafter, optimizer)
@@ -263,6 +261,12 @@ class DrafterTrainer:
         picked = final[rows, positions].flatten(0, 1).to(self.accelerator.device)
         return self.target.get_output_embeddings()(picked).float()
 
+    def _teacher_logits(self, batch: BlockBatch, states: torch.Tensor) -> torch.Tensor:
+        """:meth:`target_block_logits` over the tokens the drafter drafts from (its draft vocabulary, if any)."""
+        logits = self.target_block_logits(batch, states)
+        vocabulary = self.unwrapped.draft_vocabulary
+        return logits if vocabulary is None else logits[..., vocabulary.to(logits.device)]
+
     def _forward(
         self, batch: BlockBatch, mixed_precision: bool = True, states: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -298,9 +302,11 @@ class DrafterTrainer:
         hidden, logits, labels = self._forward(batch, states=states)
         gold = labels[:, 1:]
         valid = gold != IGNORE
-        token_losses = F.cross_entropy(logits.flatten(0, 1), gold.clamp_min(0).flatten(), reduction="none").view_as(gold)
+        head_gold = drafter.head_token_ids(gold)  # the gold token's logit; none outside a draft vocabulary
+        token_losses = F.cross_entropy(logits.flatten(0, 1), head_gold.clamp_min(0).flatten(),
+                                       reduction="none").view_as(gold) * (head_gold >= 0)
         if self.config.distill_weight > 0:  # soft labels: cross-entropy against the target's whole distribution
-            teacher = self.target_block_logits(batch, states).softmax(-1)
+            teacher = self._teacher_logits(batch, states).softmax(-1)
             soft_losses = -(teacher * logits.log_softmax(-1)).sum(-1)
             share = self.config.distill_weight
             token_losses = (1 - share) * token_losses + share * soft_losses
@@ -319,7 +325,7 @@ class DrafterTrainer:
                                        embedding_table=self.target.get_input_embeddings().weight.detach(),
                                        insert_missing_gold=self.config.selector_gold == "insert")
         loss = (drafter_loss if self.config.train_drafter else 0.0) + self.config.selector_weight * select
-        correct = (logits.argmax(-1) == gold) & valid
+        correct = (drafter.target_token_ids(logits.argmax(-1)) == gold) & valid
         accuracy = (correct.sum(0) / valid.sum(0).clamp_min(1)).tolist()
         return loss, StepMetrics(float(loss.detach()), float(drafter_loss.detach()), float(select.detach()), accuracy)
 
@@ -418,10 +424,12 @@ class DrafterTrainer:
     ) -> dict[str, torch.Tensor]:
         """Drafted tokens ``[N, B-1]`` of the argmax path and, with a selector (unless ``walk_selector`` is off),
         of the greedy lattice walk."""
-        paths = {PathStrategy.ARGMAX.value: logits.argmax(-1)}
-        selector = self.unwrapped.candidate_selector
+        drafter = self.unwrapped
+        paths = {PathStrategy.ARGMAX.value: drafter.target_token_ids(logits.argmax(-1))}
+        selector = drafter.candidate_selector
         if selector is not None and walk_selector:
             lattice = build_lattice(logits, anchors, selector.top_k)
+            lattice.candidate_ids = drafter.target_token_ids(lattice.candidate_ids)
             score_lattice(lattice, selector, hidden.float(), self.target.get_input_embeddings().weight)
             paths[PathStrategy.GREEDY.value] = lattice.tokens(select_path(lattice, PathStrategy.GREEDY))
         return paths
