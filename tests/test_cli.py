@@ -180,13 +180,15 @@ def test_train_init_from_continues_the_whole_drafter_in_its_layout_on_new_data(t
 
 def test_train_cuts_a_new_drafter_to_the_answers_vocabulary_and_a_resumed_run_keeps_it(target, data, tmp_path):
     out = tmp_path / "run"
-    printed = run(train_argv(target, data[0], out, "--draft-vocab-size", "64", "--dtype", "float32"))
-    answers = {token for record in read_responses(data[0]) for token in record["response_ids"]}
-    assert f"draft vocabulary of 64 tokens: 100.0% of the {sum(len(r['response_ids']) for r in read_responses(data[0]))}" \
-        in printed
+    printed = run(train_argv(target, data[0], out, "--draft-vocab-size", "64", "--heldout-fraction", "0.34",
+                             "--feature-store", str(tmp_path / "features"), "--dtype", "float32"))
+    trained_on = read_responses(data[0])[:2]  # the third answer is held out and chooses no token
+    answers = [token for record in trained_on for token in record["response_ids"]]
+    assert f"draft vocabulary of 64 tokens: 100.0% of the {len(answers)} answer tokens it was chosen on" in printed
     drafter = DFlashDraftModel.from_pretrained(out / "drafter")
-    assert drafter.config.draft_vocab_size == 64 and answers <= set(drafter.draft_vocabulary.tolist())
-    message = refusal(train_argv(target, data[0], out, "--draft-vocab-size", "32", "--dtype", "float32"))
+    assert drafter.config.draft_vocab_size == 64 and set(answers) <= set(drafter.draft_vocabulary.tolist())
+    message = refusal(train_argv(target, data[0], out, "--draft-vocab-size", "32", "--heldout-fraction", "0.34",
+                                 "--dtype", "float32"))
     assert "--draft-vocab-size (draft_vocab_size): 64 saved, 32 asked" in message
 
 
