@@ -52,7 +52,7 @@ from .drafting.options import DraftOptions
 from .measuring.benchmark import markdown_table
 from .modeling import DFlashConfig, DFlashDraftModel
 from .training.checkpoint import check_writable_folder
-from .training.draft_vocabulary import with_draft_vocabulary
+from .training.draft_vocabulary import with_draft_vocabulary, with_the_target_head
 
 CARD_TAGS = ["speculative-decoding", "dflash", "dflash2"]
 
@@ -378,6 +378,7 @@ def export_drafter(
     target: torch.nn.Module | None = None,
     overwrite: bool = False,
     draft_vocabulary: torch.Tensor | None = None,
+    whole_head: bool = False,
 ) -> Path:
     """Write a Hub-ready copy of the drafter in ``drafter_folder`` to ``out`` (see the module docstring).
 
@@ -396,6 +397,8 @@ def export_drafter(
         overwrite: replace ``out`` when it exists and is not empty.
         draft_vocabulary: target token ids to draft from (:mod:`~dflash2_hf.training.draft_vocabulary`): the exported
             drafter gets a head of its own over them, rows of ``target``'s LM head.
+        whole_head: export a drafter cut to a draft vocabulary as the drafter it was cut from, reading the target's
+            whole LM head (for a layout or a peer without draft vocabularies).
 
     Raises:
         ExportError: before anything is written, when the export cannot be done as asked.
@@ -404,6 +407,8 @@ def export_drafter(
     layout = chosen_layout(layout, published_layout)
     check_destination(out, drafter_folder, overwrite)
     drafter = load_drafter(drafter_folder, dtype)
+    if whole_head:
+        drafter = with_the_target_head(drafter)
     if draft_vocabulary is not None:
         drafter = cut_to_vocabulary(drafter, target, draft_vocabulary)
     options = recommended_options(drafter, path)

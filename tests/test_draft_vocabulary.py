@@ -20,7 +20,7 @@ from dflash2_hf.generation import loop
 from dflash2_hf.measuring.exactness import goodness_of_fit, keep_every_draft
 from dflash2_hf.modeling import DrafterLoadError
 from dflash2_hf.training.draft_vocabulary import (
-    answer_coverage, answer_token_counts, most_used_tokens, with_draft_vocabulary,
+    answer_coverage, answer_token_counts, most_used_tokens, with_draft_vocabulary, with_the_target_head,
 )
 from dflash2_hf.training.trainer import DrafterTrainer, TrainingConfig
 from test_sampling_exactness import SETTINGS, VOCAB, exact_distribution, sample_with_drafter
@@ -170,6 +170,20 @@ def test_training_a_cut_drafter_keeps_its_head_and_vocabulary_and_trains_the_res
     assert all(torch.isfinite(torch.tensor(step["loss"])) for step in history)
     assert 1.0 <= history[-1]["heldout_acceptance"] <= drafter.block_size
     assert history[-1]["heldout_selector_acceptance"] >= 1.0
+
+
+def test_the_whole_head_copy_drafts_as_the_drafter_it_was_cut_from(target, drafter, tmp_path):
+    hidden = torch.randn(2, 5, drafter.config.hidden_size)
+    head = target.get_output_embeddings()
+    whole = with_the_target_head(cut(drafter, target))
+    assert whole.draft_head is None and whole.config.draft_vocab_size is None
+    torch.testing.assert_close(whole.compute_logits(hidden, head), drafter.compute_logits(hidden, head), rtol=0, atol=0)
+
+
+def test_the_published_layout_takes_a_cut_drafter_with_the_whole_head(target, drafter, tmp_path):
+    cut(drafter, target).save_pretrained(tmp_path / "cut")
+    export_drafter(tmp_path / "cut", tmp_path / "out", layout="published", dtype=torch.float32, whole_head=True)
+    assert "draft_vocab_size" not in json.loads((tmp_path / "out" / "config.json").read_text())["dflash_config"]
 
 
 @pytest.mark.parametrize("layout", ["published", "speculators"])

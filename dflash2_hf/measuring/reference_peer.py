@@ -106,7 +106,9 @@ class ReferencePeer:
 
     def _launch(self, folder: Path) -> None:
         try:
-            export_drafter(self.drafter_folder, folder / "drafter", dtype=self.dtype, published_layout=True)
+            # The reference has no draft vocabulary: a cut drafter runs there as the drafter it was cut from.
+            export_drafter(self.drafter_folder, folder / "drafter", dtype=self.dtype, published_layout=True,
+                           whole_head=True)
         except ExportError as error:
             raise ReferencePeerError(f"The reference implementation cannot load this drafter: {error}") from None
         command = [str(venv_python(self.venv)), str(WORKER), "--target", str(self.target_folder),

@@ -95,3 +95,17 @@ def with_draft_vocabulary(drafter: DFlashDraftModel, target_head: torch.Tensor, 
         cut.draft_head.weight.copy_(target_head[token_ids.to(target_head.device)])
         cut.draft_vocabulary.copy_(token_ids)
     return cut.train(drafter.training)
+
+
+def with_the_target_head(drafter: DFlashDraftModel) -> DFlashDraftModel:
+    """A copy of ``drafter`` that reads the target's whole LM head again, without its draft vocabulary and head: the
+    drafter it was cut from (up to its head rows' rounding), for a layout or a peer that has no draft vocabulary.
+    A drafter without one is returned as it is."""
+    if drafter.draft_vocabulary is None:
+        return drafter
+    config = copy.deepcopy(drafter.config)
+    config.draft_vocab_size = None
+    whole = type(drafter)(config).to(device=drafter.device, dtype=drafter.dtype)
+    own = ("draft_head.weight", "draft_vocabulary")
+    whole.load_state_dict({name: tensor for name, tensor in drafter.state_dict().items() if name not in own})
+    return whole.train(drafter.training)
