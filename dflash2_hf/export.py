@@ -395,10 +395,8 @@ def export_drafter(
             published or speculators layout (its codebooks are computed from the target's input embeddings), and
             read for the target's architectures in speculators' ``verifier`` entry.
         overwrite: replace ``out`` when it exists and is not empty.
-        draft_vocabulary: target token ids to draft from (:mod:`~dflash2_hf.training.draft_vocabulary`): the exported
-            drafter gets a head of its own over them, rows of ``target``'s LM head.
-        whole_head: export a drafter cut to a draft vocabulary as the drafter it was cut from, reading the target's
-            whole LM head (for a layout or a peer without draft vocabularies).
+        draft_vocabulary: target ids to draft from, through a head of the drafter's own (rows of ``target``'s head).
+        whole_head: a drafter with a draft vocabulary is exported reading the target's whole head instead.
 
     Raises:
         ExportError: before anything is written, when the export cannot be done as asked.
