@@ -302,8 +302,7 @@ class ResponseGenerator:
 
     @property
     def end_ids(self) -> set[int]:
-        eos = self.target.generation_config.eos_token_id
-        return set(eos if isinstance(eos, list) else [eos]) - {None}
+        return end_token_ids(self.target)
 
     def _answer(self, prompts: list[str]) -> list[dict]:
         texts = [self._template(prompt) for prompt in prompts]
@@ -354,6 +353,12 @@ class ExistingResponses(ResponseGenerator):
             response_ids = _until_end(full_ids[len(prompt_ids) :], self.end_ids)[: self.settings.max_new_tokens]
             records.append({"prompt": prompt, "prompt_ids": prompt_ids, "response_ids": response_ids})
         return records
+
+
+def end_token_ids(target) -> set[int]:
+    """The ids that end the target's answers (its generation config's ``eos_token_id``, one or a list)."""
+    eos = target.generation_config.eos_token_id
+    return set(eos if isinstance(eos, list) else [eos]) - {None}
 
 
 def _token_ids(encoded) -> list[int]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ..modeling import DFlashDraftModel
-from .data import check_token_ids, read_responses
+from .data import check_token_ids, end_token_ids, read_responses
 
 
 @dataclass
@@ -44,9 +44,7 @@ def draft_vocabulary_from_answers(target: torch.nn.Module, folders: list[str | o
 def draft_vocabulary_of(target: torch.nn.Module, records: list[dict], size: int) -> DraftVocabulary:
     """The ``size`` tokens the target's answers in ``records`` use most, its end-of-answer ids always among them."""
     counts = answer_token_counts(records, target.get_output_embeddings().weight.shape[0])
-    eos = target.generation_config.eos_token_id
-    ends = [token for token in (eos if isinstance(eos, list) else [eos]) if token is not None]
-    token_ids = most_used_tokens(counts, size, always=ends)
+    token_ids = most_used_tokens(counts, size, always=sorted(end_token_ids(target)))
     return DraftVocabulary(token_ids, answer_coverage(counts, token_ids), int(counts.sum()))
 
 
