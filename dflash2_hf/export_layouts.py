@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from .modeling import DFLASH_FIELDS, DFlashConfig, DFlashDraftModel
 from .modeling.speculators_format import speculators_config, unexpressible_fields
@@ -41,7 +42,8 @@ PUBLISHED_DFLASH2_FIELDS = (
 #: Drafting fields speculators' format states (the others are checked by ``unexpressible_fields``).
 SPECULATORS_DRAFTING_FIELDS = ("block_size", "mask_token_id", "target_layer_ids", "conv_kernel_size",
                                "conv_group_size", "selector_rank", "selector_top_k", "selector_factorised",
-                               "output_multiplier", "final_logit_softcapping", "input_embedding_scale")
+                               "output_multiplier", "final_logit_softcapping", "input_embedding_scale",
+                               "draft_vocab_size")
 
 
 class ExportError(ValueError):
@@ -97,8 +99,10 @@ def check_publishable(config: DFlashConfig) -> None:
         raise ExportError("The published DFlash 2 layout needs a DFlash 2 drafter; this one is DFlash v1.")
     unsupported = settings_without_place(config, PUBLISHED_DFLASH2_FIELDS)
     if unsupported:
+        whole_head = (" Or export it with --whole-head: the target's whole head again, without the draft vocabulary."
+                      if config.draft_vocab_size else "")
         raise ExportError(f"The published DFlash 2 layout has no field for {unsupported}; export without "
-                          "--format published (and without --path) to keep it.")
+                          "--format published (and without --path) to keep it." + whole_head)
 
 
 def write_published_config(folder: Path) -> None:
@@ -136,8 +140,28 @@ def verifier_entry(base_model: str | None, target: torch.nn.Module | None) -> di
 
 
 def write_speculators_config(folder: Path, verifier: dict | None) -> None:
-    """Rewrite a saved folder's config in speculators' format and drop the remote code it no longer maps."""
+    """Rewrite a saved folder's config in speculators' format and drop the remote code it no longer maps; a draft
+    vocabulary's tensors are renamed as speculators stores them."""
     path = folder / "config.json"
-    path.write_text(json.dumps(speculators_config(json.loads(path.read_text()), verifier), indent=2, sort_keys=True) + "\n")
+    config = json.loads(path.read_text())
+    path.write_text(json.dumps(speculators_config(config, verifier), indent=2, sort_keys=True) + "\n")
     for code in folder.glob("*.py"):
         code.unlink()
+    if config["dflash_config"].get("draft_vocab_size") is not None:
+        write_speculators_vocabulary(folder / "model.safetensors", config["vocab_size"])
+
+
+def write_speculators_vocabulary(weights: Path, vocab_size: int) -> None:
+    """Store a saved drafter's draft vocabulary as speculators does: its head as ``lm_head.weight``, each draft
+    token's offset to its target id as ``d2t`` (target id = row + offset), and the same set as the ``t2d`` mask
+    over the target's vocabulary. speculators draws its draft tokens in rising id order, so rows follow it."""
+    tensors = load_file(weights)
+    token_ids = tensors.pop("draft_vocabulary")
+    order = token_ids.argsort()
+    head = tensors.pop("draft_head.weight")[order]
+    token_ids = token_ids[order]
+    in_draft = torch.zeros(vocab_size, dtype=torch.bool)
+    in_draft[token_ids] = True
+    tensors.update({"lm_head.weight": head.contiguous(), "d2t": token_ids - torch.arange(token_ids.numel()),
+                    "t2d": in_draft})
+    save_file(tensors, weights, metadata={"format": "pt"})

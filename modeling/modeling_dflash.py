@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 import torch
@@ -39,7 +40,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
 from transformers.utils import cached_file
 
 from .configuration_dflash import DFlashConfig
-from .speculators_format import CHECKPOINT_FORMAT, VERIFIER_TENSORS
+from .speculators_format import CHECKPOINT_FORMAT, DRAFT_VOCABULARY_TENSORS, VERIFIER_TENSORS
 
 #: Checkpoint names of transformers' ``MuseGlimmerAssistantModel`` layout -> names used here.
 ASSISTANT_KEY_MAPPING = {r"^encoder\.fc\.": "fc.", r"^encoder\.output_norm_enc\.": "hidden_norm."}
@@ -370,8 +371,8 @@ class CandidateSelector(nn.Module):
 
 #: safetensors dtype names of floating-point tensors: the only kind a drafter's weights may be stored as.
 FLOATING_SAFETENSORS_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
-#: Tensors stored as something else: the draft vocabulary's token ids.
-STORED_DTYPES = {"draft_vocabulary": {"I64", "I32"}}
+#: Tensors stored as something else: the draft vocabulary's token ids (speculators': offsets to them).
+STORED_DTYPES = {"draft_vocabulary": {"I64", "I32"}, "d2t": {"I64", "I32"}}
 
 
 def _checkpoint_files(location: Any, hub_kwargs: dict) -> list[str]:
@@ -428,6 +429,21 @@ def refuse_meta_device_map(device_map: Any) -> None:
                                "target's device (device_map=None, 'cpu' or the target's GPU).")
 
 
+def layout_of(config: DFlashConfig) -> tuple[dict[str, str], frozenset[str]]:
+    """How a checkpoint of ``config``'s layout loads: the tensor renames (transformers' ``key_mapping``) and the
+    tensors it stores that the drafter does not load. transformers' assistant layout renames two modules; a
+    speculators checkpoint's verifier-owned tensors stay unloaded, except a draft vocabulary's head and offsets,
+    which become ``draft_head`` and ``draft_vocabulary``."""
+    if "MuseGlimmerAssistantModel" in (config.architectures or []):
+        return ASSISTANT_KEY_MAPPING, frozenset()
+    if getattr(config, "checkpoint_format", None) != CHECKPOINT_FORMAT:
+        return {}, frozenset()
+    if config.draft_vocab_size is None:
+        return {}, VERIFIER_TENSORS
+    renamed = {rf"^{re.escape(name)}$": ours for name, ours in DRAFT_VOCABULARY_TENSORS.items()}
+    return renamed, VERIFIER_TENSORS - set(DRAFT_VOCABULARY_TENSORS)
+
+
 def _describe_key(entry: Any) -> str:
     """A loading-report entry as text: a tensor name, or ``name (checkpoint shape vs model shape)``."""
     if isinstance(entry, tuple) and len(entry) == 3:
@@ -476,8 +492,9 @@ class DFlashPreTrainedModel(PreTrainedModel):
         if not isinstance(config, PreTrainedConfig) or not hasattr(config, "is_dflash2"):
             config = DFlashConfig.from_pretrained(config or pretrained_model_name_or_path, **hub_kwargs)
         model_class = cls.class_for_config(config)
-        if "MuseGlimmerAssistantModel" in (config.architectures or []):
-            kwargs.setdefault("key_mapping", ASSISTANT_KEY_MAPPING)
+        key_mapping, not_loaded = layout_of(config)
+        if key_mapping:
+            kwargs.setdefault("key_mapping", key_mapping)
         kwargs.setdefault("use_safetensors", True)
         kwargs.setdefault("ignore_mismatched_sizes", True)  # reported below as an error, with the shapes
         wants_info = kwargs.pop("output_loading_info", False)
@@ -493,7 +510,6 @@ class DFlashPreTrainedModel(PreTrainedModel):
                 f"The safetensors file at {pretrained_model_name_or_path} is truncated or corrupt ({error}); "
                 "download or save it again."
             ) from error
-        not_loaded = VERIFIER_TENSORS if getattr(config, "checkpoint_format", None) == CHECKPOINT_FORMAT else frozenset()
         check_stored_dtypes(pretrained_model_name_or_path, hub_kwargs, not_loaded)
         info["unexpected_keys"] = {key for key in info.get("unexpected_keys") or [] if key not in not_loaded}
         problems = [
@@ -507,6 +523,8 @@ class DFlashPreTrainedModel(PreTrainedModel):
                   if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
         if broken:
             raise DrafterLoadError(f"Checkpoint at {pretrained_model_name_or_path} has NaN or Inf values in: {', '.join(broken)}.")
+        if not_loaded and model.draft_vocabulary is not None:  # speculators stores offsets: target id = row + offset
+            model.draft_vocabulary += torch.arange(model.draft_vocabulary.numel(), device=model.draft_vocabulary.device)
         check_draft_vocabulary(model, pretrained_model_name_or_path)
         if "key_mapping" in kwargs:
             # transformers would replay the renaming backwards on save; always save in this class's own layout.

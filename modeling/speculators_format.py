@@ -14,10 +14,13 @@ z-lab reference), plus tensors the verifier owns. The fields map by meaning, not
 * ``sliding_window_non_causal`` only concerns sliding-window layers; full-attention layers attend bidirectionally
   inside the block in both packages. speculators windows the context from the block's anchor and this package from
   each query, so sliding-window drafters are refused in both directions rather than run with another attention.
-* ``draft_vocab_size`` below the verifier's vocabulary (a reduced head with ``d2t`` / ``t2d`` maps) is refused: this
-  package drafts with the target's own LM head over its whole vocabulary.
-* ``embed_tokens``, ``lm_head``, ``verifier_lm_head``, ``verifier_norm``, ``t2d`` and ``d2t`` belong to the verifier
-  (or to training): drafting here reads the target's own embeddings and head, so they are not loaded.
+* ``draft_vocab_size`` below the verifier's vocabulary is a draft vocabulary: the drafter's own ``lm_head`` (one row
+  per draft token) and ``d2t``, each draft token's offset to its target id (target id = draft index + ``d2t``), become
+  this package's ``draft_head`` and ``draft_vocabulary`` (the target ids themselves); ``t2d``, the same set as a mask
+  over the verifier's vocabulary, is written for speculators and not read. speculators' DFlash 2 drafts over the whole
+  vocabulary only, so a reduced ``dflash2`` config is refused.
+* Otherwise ``embed_tokens``, ``lm_head``, ``verifier_lm_head``, ``verifier_norm``, ``t2d`` and ``d2t`` belong to the
+  verifier (or to training): drafting here reads the target's own embeddings and head, so they are not loaded.
 
 Only the standard library is imported: this file ships as Hub remote code next to the drafter's other modules.
 """
@@ -49,6 +52,8 @@ KNOWN_FIELDS = frozenset({
 #: Tensors of a speculators checkpoint that the verifier (or training) owns: never part of the drafter here.
 VERIFIER_TENSORS = frozenset({"embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight",
                               "verifier_norm.weight", "t2d", "d2t"})
+#: A draft vocabulary's tensors in speculators' names, and the drafter's here (``d2t`` holds offsets, not ids).
+DRAFT_VOCABULARY_TENSORS = {"lm_head.weight": "draft_head.weight", "d2t": "draft_vocabulary"}
 #: The value of ``DFlashConfig.checkpoint_format`` for a config read from this format (not saved with the config).
 CHECKPOINT_FORMAT = "speculators"
 
@@ -67,6 +72,26 @@ def _aux_ids(config_dict: dict) -> Any:
     return config_dict.get("aux_hidden_state_layer_ids")
 
 
+def draft_vocab_size(config_dict: dict) -> int | None:
+    """The size of a speculators config's draft vocabulary, or ``None`` when it drafts over the whole vocabulary."""
+    size, vocab = config_dict.get("draft_vocab_size"), _layer_config(config_dict).get("vocab_size")
+    return None if size in (None, vocab) else size
+
+
+def _draft_vocabulary_problems(config_dict: dict, kind: Any, vocab: Any) -> list[str]:
+    """What is wrong with a speculators config's ``draft_vocab_size``: not a size within the verifier's vocabulary,
+    or a reduced one on a DFlash 2 drafter (speculators' own DFlash 2 refuses it too)."""
+    size = config_dict.get("draft_vocab_size", vocab)
+    if size == vocab:
+        return []
+    if type(size) is not int or type(vocab) is not int or not 1 <= size < vocab:
+        return [f"draft_vocab_size {size!r} must be an integer from 1 to the verifier's vocabulary {vocab!r}"]
+    if kind == "dflash2":
+        return [f"draft_vocab_size {size} is below the verifier's vocabulary {vocab} on a dflash2 drafter: "
+                "speculators' DFlash 2 drafts over the whole vocabulary"]
+    return []
+
+
 def unhonoured_fields(config_dict: dict) -> list[str]:
     """One message per field of a speculators config that this package cannot run exactly as trained."""
     kind, layer, aux = config_dict.get("speculators_model_type"), _layer_config(config_dict), _aux_ids(config_dict)
@@ -80,10 +105,7 @@ def unhonoured_fields(config_dict: dict) -> list[str]:
     elif min(aux) < 1:
         problems.append(f"aux_hidden_state_layer_ids {aux} holds {min(aux)}: id 0 is the verifier's embedding output, "
                         "and this package taps decoder layer outputs only (ids >= 1)")
-    if config_dict.get("draft_vocab_size", layer.get("vocab_size")) != layer.get("vocab_size"):
-        problems.append(f"draft_vocab_size {config_dict.get('draft_vocab_size')} differs from the verifier's vocabulary "
-                        f"{layer.get('vocab_size')} (a reduced draft vocabulary with t2d/d2t maps): this package drafts "
-                        "with the target's own LM head over its whole vocabulary")
+    problems.extend(_draft_vocabulary_problems(config_dict, kind, layer.get("vocab_size")))
     if config_dict.get("sample_from_anchor", False) is not False:
         problems.append("sample_from_anchor is true (the anchor slot predicts the next token): this package's drafters "
                         "predict from the slots after the anchor")
@@ -116,6 +138,8 @@ def config_from_speculators(config_dict: dict, source: str | os.PathLike) -> dic
         target_layer_ids=[layer_id - 1 for layer_id in _aux_ids(config_dict)],
         checkpoint_format=CHECKPOINT_FORMAT,
     )
+    if draft_vocab_size(config_dict) is not None:
+        converted["draft_vocab_size"] = draft_vocab_size(config_dict)
     if kind == "dflash2":
         converted.update({name: config_dict[name] for name in SELECTOR_FIELDS if name in config_dict})
     return converted
@@ -134,7 +158,7 @@ def speculators_config(config: dict, verifier: dict | None) -> dict:
         "speculators_model_type": kind,
         "architectures": [SPECULATORS_ARCHITECTURES[kind]],
         "transformer_layer_config": layer,
-        "draft_vocab_size": config["vocab_size"],
+        "draft_vocab_size": drafting.get("draft_vocab_size") or config["vocab_size"],
         "block_size": drafting["block_size"],
         "aux_hidden_state_layer_ids": [layer_id + 1 for layer_id in drafting["target_layer_ids"]],
         "mask_token_id": drafting["mask_token_id"],
@@ -177,13 +201,18 @@ def unexpressible_fields(config: Any) -> list[str]:
                         "layer's output before the final norm, this package reads it after")
     if config.selector_factorised:
         problems.append("selector_factorised: speculators keeps full codebooks (materialise them from the target)")
+    if config.draft_vocab_size is not None and config.is_dflash2:
+        problems.append(f"draft_vocab_size {config.draft_vocab_size} on a DFlash 2 drafter: speculators' DFlash 2 drafts "
+                        "over the whole vocabulary (export it with the target's whole head: --whole-head)")
     return problems
 
 
 __all__ = [
     "CHECKPOINT_FORMAT",
+    "DRAFT_VOCABULARY_TENSORS",
     "VERIFIER_TENSORS",
     "config_from_speculators",
+    "draft_vocab_size",
     "is_speculators_config",
     "speculators_config",
     "unexpressible_fields",

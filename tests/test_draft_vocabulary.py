@@ -186,11 +186,17 @@ def test_the_published_layout_takes_a_cut_drafter_with_the_whole_head(target, dr
     assert "draft_vocab_size" not in json.loads((tmp_path / "out" / "config.json").read_text())["dflash_config"]
 
 
-@pytest.mark.parametrize("layout", ["published", "speculators"])
-def test_layouts_without_a_draft_vocabulary_refuse_a_cut_drafter(target, drafter, tmp_path, layout):
+#: Layouts with no place for a draft vocabulary on a DFlash 2 drafter, and the words of their refusal.
+NO_PLACE = {"published": "no field for draft_vocab_size=48", "speculators": "draft_vocab_size 48 on a DFlash 2 drafter"}
+
+
+@pytest.mark.parametrize(("layout", "named"), NO_PLACE.items(), ids=NO_PLACE.keys())
+def test_layouts_without_a_draft_vocabulary_refuse_a_cut_drafter_naming_whole_head(target, drafter, tmp_path, layout,
+                                                                                   named):
     cut(drafter, target).save_pretrained(tmp_path / "cut")
-    with pytest.raises(ExportError, match="draft_vocab_size=48"):
+    with pytest.raises(ExportError, match="--whole-head") as error:
         export_drafter(tmp_path / "cut", tmp_path / "out", layout=layout, dtype=torch.float32)
+    assert named in str(error.value)
 
 
 @pytest.fixture

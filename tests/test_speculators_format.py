@@ -6,6 +6,7 @@ tests/test_speculators_peer.py runs speculators alongside for the round trips an
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -65,7 +66,10 @@ def test_a_speculators_drafter_decodes_as_plain_generate(one_thread):
 
 #: Fields of a speculators config this package cannot honour exactly: the change, and the words naming it.
 UNHONOURED = {
-    "reduced draft vocabulary": ({"draft_vocab_size": 64}, "draft_vocab_size 64 differs from the verifier's"),
+    "draft vocabulary on DFlash 2": ({"draft_vocab_size": 64}, "draft_vocab_size 64 is below the verifier's"),
+    "draft vocabulary of no tokens": ({"draft_vocab_size": 0}, "draft_vocab_size 0 must be an integer from 1"),
+    "draft vocabulary past the verifier's": ({"draft_vocab_size": 200}, "draft_vocab_size 200 must be an integer"),
+    "draft vocabulary not a number": ({"draft_vocab_size": "64"}, "draft_vocab_size '64' must be an integer"),
     "anchor slot sampled": ({"sample_from_anchor": True}, "sample_from_anchor is true"),
     "embedding output tapped": ({"aux_hidden_state_layer_ids": [0, 3]}, "id 0 is the verifier's embedding output"),
     "no taps": ({"aux_hidden_state_layer_ids": None}, "aux_hidden_state_layer_ids must be a non-empty list"),
@@ -118,6 +122,84 @@ def test_a_loaded_speculators_drafter_saves_in_this_package_layout(tmp_path):
     assert "checkpoint_format" not in written and written["dflash_config"]["target_layer_ids"] == [0, 2]
 
 
+#: The draft vocabulary of the tests below: every third token id of the tiny vocabulary of 96.
+DRAFT_IDS = torch.arange(1, 96, 3)
+
+
+def with_speculators_vocabulary(folder: str, token_ids: torch.Tensor = DRAFT_IDS) -> dict[str, torch.Tensor]:
+    """Make a speculators ``dflash`` folder draft from ``token_ids`` as speculators stores it: ``draft_vocab_size``,
+    a head of one random row per token (``lm_head.weight``), ``d2t`` offsets and the ``t2d`` mask; its tensors."""
+    config = json.loads(Path(folder, "config.json").read_text())
+    Path(folder, "config.json").write_text(json.dumps(config | {"draft_vocab_size": token_ids.numel()}))
+    in_draft = torch.zeros(96, dtype=torch.bool)
+    in_draft[token_ids] = True
+    weights = load_file(f"{folder}/model.safetensors") | {
+        "lm_head.weight": torch.randn(token_ids.numel(), 64, generator=torch.Generator().manual_seed(4)),
+        "d2t": token_ids - torch.arange(token_ids.numel()), "t2d": in_draft}
+    save_file(weights, f"{folder}/model.safetensors")
+    return weights
+
+
+def test_a_speculators_draft_vocabulary_loads_as_the_head_and_target_ids(tmp_path):
+    folder = speculators_folder(tmp_path, kind="dflash")
+    stored = with_speculators_vocabulary(folder)
+    drafter = DFlashDraftModel.from_pretrained(folder)
+    assert drafter.config.draft_vocab_size == DRAFT_IDS.numel()
+    assert torch.equal(drafter.draft_vocabulary, DRAFT_IDS)
+    assert torch.equal(drafter.draft_head.weight, stored["lm_head.weight"])
+
+
+def test_greedy_decoding_with_a_speculators_draft_vocabulary_is_plain_generate(tmp_path, one_thread):
+    folder = speculators_folder(tmp_path, kind="dflash")
+    with_speculators_vocabulary(folder)
+    target, drafter = tiny_target("qwen3", seed=1), DFlashDraftModel.from_pretrained(folder)
+    prompt = torch.randint(0, 90, (1, 9), generator=torch.Generator().manual_seed(5))
+    plain = target.generate(prompt, max_new_tokens=30, do_sample=False)
+    assert torch.equal(target.generate(prompt, max_new_tokens=30, do_sample=False, assistant_model=drafter), plain)
+
+
+def cut_drafter(kind: str = "dflash", token_ids: torch.Tensor = DRAFT_IDS) -> DFlashDraftModel:
+    """A tiny drafter of ``kind`` drafting from ``token_ids`` through a random head of its own."""
+    drafter = tiny_drafter(kind, seed=3, draft_vocab_size=token_ids.numel())
+    drafter.draft_vocabulary.copy_(token_ids)
+    return drafter
+
+
+def test_a_cut_drafter_exports_its_vocabulary_as_speculators_stores_one(tmp_path):
+    drafter = cut_drafter()
+    drafter.save_pretrained(tmp_path / "drafter")
+    out = export_drafter(tmp_path / "drafter", tmp_path / "spec", layout="speculators", dtype=torch.float32)
+    assert json.loads((out / "config.json").read_text())["draft_vocab_size"] == DRAFT_IDS.numel()
+    stored = load_file(out / "model.safetensors")
+    assert torch.equal(stored["lm_head.weight"], drafter.draft_head.weight)
+    assert torch.equal(stored["d2t"] + torch.arange(DRAFT_IDS.numel()), DRAFT_IDS)
+    assert torch.equal(stored["t2d"].nonzero().flatten(), DRAFT_IDS)
+    assert not {"draft_head.weight", "draft_vocabulary"} & set(stored)
+
+
+def test_a_cut_drafter_exported_to_speculators_loads_back_as_it_was(tmp_path):
+    drafter = cut_drafter()
+    drafter.save_pretrained(tmp_path / "drafter")
+    out = export_drafter(tmp_path / "drafter", tmp_path / "spec", layout="speculators", dtype=torch.float32)
+    loaded = DFlashDraftModel.from_pretrained(out)
+    for name, tensor in drafter.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+
+
+def test_the_whole_head_flag_exports_a_cut_dflash2_drafter_to_speculators(tmp_path):
+    cut_drafter("dflash2").save_pretrained(tmp_path / "drafter")
+    main(["export", str(tmp_path / "drafter"), str(tmp_path / "spec"), "--format", "speculators", "--whole-head"])
+    loaded = DFlashDraftModel.from_pretrained(tmp_path / "spec")
+    assert loaded.config.draft_vocab_size is None and loaded.draft_head is None
+
+
+def test_the_whole_head_flag_beside_a_draft_vocabulary_is_refused(tmp_path):
+    cut_drafter().save_pretrained(tmp_path / "drafter")
+    message = refusal(["export", str(tmp_path / "drafter"), str(tmp_path / "out"), "--whole-head",
+                       "--draft-vocab-size", "8"])
+    assert "--whole-head exports the target's whole head, --draft-vocab-size a draft vocabulary: give one" in message
+
+
 @pytest.fixture(scope="module")
 def drafter_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("drafter") / "drafter"
@@ -155,6 +237,8 @@ UNEXPRESSIBLE = {
     "scaled embeddings": ({"input_embedding_scale": 2.0}, "input_embedding_scale 2.0"),
     "last layer tapped": ({"target_layer_ids": [0, TINY_TARGET_LAYERS - 1]}, "taps the target's last layer"),
     "a default path": ({"default_path_strategy": "viterbi"}, "no field for default_path_strategy='viterbi'"),
+    "a cut DFlash 2 drafter": ({"draft_vocab_size": 40}, "drafts over the whole vocabulary (export it with the "
+                                                         "target's whole head: --whole-head)"),
 }
 
 

@@ -158,6 +158,65 @@ def test_blocks_one_position_off_are_told_apart(exported, speculators_python, ta
         assert_same_blocks(drafter, target, drafts, sequence, blocks)
 
 
+@pytest.fixture(scope="module")
+def speculators_cut(speculators_python, verifier, tmp_path_factory) -> Path:
+    """A DFlash drafter speculators built and saved with a draft vocabulary of 40 tokens (chosen by speculators' own
+    vocabulary mapping from random counts; its own head, d2t and t2d), for the target."""
+    folder = tmp_path_factory.mktemp("speculators") / "cut"
+    speculators(speculators_python, "build", "dflash", verifier, folder, "--aux-ids", 1, 3, "--seed", 14,
+                "--draft-vocab-size", 40)
+    return folder
+
+
+def test_a_draft_vocabulary_speculators_saved_drafts_here_what_speculators_computes(
+        speculators_cut, speculators_python, target, verifier, monkeypatch, tmp_path, one_thread):
+    drafter = DFlashDraftModel.from_pretrained(speculators_cut)
+    assert torch.equal(drafter.draft_vocabulary, load_file(speculators_cut / "model.safetensors")["t2d"].nonzero().flatten())
+    sequence, drafts = drafted_blocks(target, drafter, PROMPT, monkeypatch)
+    blocks = speculators_blocks(speculators_python, speculators_cut, verifier, sequence, [a for a, _ in drafts],
+                                tmp_path)
+    assert_same_blocks(drafter, target, drafts, sequence, blocks)
+
+
+def test_greedy_decoding_with_a_draft_vocabulary_speculators_saved_is_plain_generate(speculators_cut, target,
+                                                                                      one_thread):
+    drafter = DFlashDraftModel.from_pretrained(speculators_cut)
+    plain = target.generate(PROMPT, max_new_tokens=40, do_sample=False)
+    assert torch.equal(target.generate(PROMPT, max_new_tokens=40, do_sample=False, assistant_model=drafter), plain)
+
+
+@pytest.fixture(scope="module")
+def exported_cut(verifier, tmp_path_factory) -> tuple[DFlashDraftModel, Path]:
+    """A DFlash drafter of this package drafting from every third token, and its ``--format speculators`` export."""
+    drafter = tiny_drafter("dflash", seed=15, draft_vocab_size=32)
+    drafter.draft_vocabulary.copy_(torch.arange(1, 96, 3))
+    folder = tmp_path_factory.mktemp("ours-cut")
+    drafter.save_pretrained(folder / "drafter")
+    out = export_drafter(folder / "drafter", folder / "export", layout="speculators", base_model=str(verifier),
+                         dtype=torch.float32)
+    return drafter, out
+
+
+def test_speculators_loads_an_exported_draft_vocabulary_as_its_own(exported_cut, speculators_python, tmp_path):
+    drafter, folder = exported_cut
+    speculators(speculators_python, "state", folder, tmp_path / "state.safetensors")
+    loaded = load_file(tmp_path / "state.safetensors")
+    assert torch.equal(loaded.pop("lm_head.weight"), drafter.draft_head.weight)
+    assert torch.equal(loaded.pop("d2t") + torch.arange(32), drafter.draft_vocabulary)
+    ours = {name: tensor for name, tensor in drafter.state_dict().items() if not name.startswith("draft_")}
+    assert set(loaded) == set(ours)
+    for name, tensor in ours.items():
+        assert torch.equal(loaded[name], tensor), name
+
+
+def test_an_exported_draft_vocabulary_computes_in_speculators_what_it_drafts_here(
+        exported_cut, speculators_python, target, verifier, monkeypatch, tmp_path, one_thread):
+    drafter, folder = exported_cut
+    sequence, drafts = drafted_blocks(target, drafter, PROMPT, monkeypatch)
+    blocks = speculators_blocks(speculators_python, folder, verifier, sequence, [a for a, _ in drafts], tmp_path)
+    assert_same_blocks(drafter, target, drafts, sequence, blocks)
+
+
 def zlab_v1_layout(folder: Path) -> None:
     """Rewrite a saved DFlash v1 drafter's config in the z-lab published layout speculators' converter reads
     (``model_type: qwen3``, ``block_size`` at the top, ``dflash_config`` holding the mask token and layer ids)."""

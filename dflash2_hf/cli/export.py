@@ -40,6 +40,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                                  "draft, verified as exactly as before (default: the target's whole head)")
     vocabulary.add_argument("--vocab-data", nargs="+", metavar="DIR",
                             help="folders written by `dflash2-hf data` whose answers choose the draft vocabulary")
+    vocabulary.add_argument("--whole-head", action="store_true",
+                            help="export a drafter that has a draft vocabulary reading the target's whole head again "
+                                 "(the drafter it was cut from), for layouts without one: published, and speculators' "
+                                 "DFlash 2")
     card = share.add_argument_group("model card and decoding defaults")
     card.add_argument("--base-model", help="Hub id of the target (default: the target recorded in training.json)")
     card.add_argument("--license", default="apache-2.0", help="license identifier for the model card")
@@ -68,7 +72,7 @@ def export(args: argparse.Namespace) -> None:
         export_drafter(args.drafter, args.out, base_model=args.base_model, license_id=args.license,
                        results=args.results, path=args.path, dtype=getattr(torch, args.dtype),
                        layout=args.format, published_layout=args.published_layout, target=target,
-                       overwrite=args.overwrite,
+                       overwrite=args.overwrite, whole_head=args.whole_head,
                        draft_vocabulary=None if vocabulary is None else vocabulary.token_ids)
     except ExportError as error:
         raise SystemExit(f"dflash2-hf export: {error}") from None
@@ -77,6 +81,9 @@ def export(args: argparse.Namespace) -> None:
 
 def check_vocabulary_arguments(args: argparse.Namespace) -> None:
     """Refuse a draft vocabulary asked for without what it is made from (a positive size, answers, the target)."""
+    if args.whole_head and args.draft_vocab_size is not None:
+        raise SystemExit("dflash2-hf export: --whole-head exports the target's whole head, --draft-vocab-size a draft "
+                         "vocabulary: give one.")
     if args.draft_vocab_size is None:
         if args.vocab_data:
             raise SystemExit("dflash2-hf export: --vocab-data chooses a draft vocabulary; give its size too "
