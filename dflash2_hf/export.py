@@ -49,7 +49,7 @@ from .export_layouts import (
     write_speculators_config,
 )
 from .drafting.options import DraftOptions
-from .measuring.benchmark import markdown_table
+from .results_table import markdown_table
 from .modeling import DFlashConfig, DFlashDraftModel
 from .training.checkpoint import check_writable_folder
 from .training.draft_vocabulary import with_draft_vocabulary, with_the_target_head

@@ -21,7 +21,8 @@ from dflash2_hf import DFlash2DraftModel, DFlashDraftModel
 from dflash2_hf.cli import main
 from dflash2_hf.export import NO_MEASUREMENTS, ExportError, export_drafter
 from dflash2_hf.generation import exported
-from dflash2_hf.measuring.benchmark import Run, markdown_table, summarize
+from dflash2_hf.measuring.benchmark import Run, summarize
+from dflash2_hf.results_table import markdown_table
 from dflash2_hf.modeling import configuration_dflash, modeling_dflash, speculators_format
 from dflash2_hf.training.trainer import TrainingConfig
 

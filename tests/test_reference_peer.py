@@ -22,7 +22,6 @@ from dflash2_hf.measuring.benchmark import (
     Method,
     Run,
     acceptance_table,
-    markdown_table,
     summarize,
     write_report,
 )
@@ -34,6 +33,7 @@ from dflash2_hf.measuring.reference_peer import (
     check_reference_venv,
     sampling_settings,
 )
+from dflash2_hf.results_table import markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = [5, 17, 33, 2, 41, 8, 60, 12, 3, 27]
