@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import smollm2_tiny_target_folder
+from dflash2_hf import DFlashDraftModel
 from dflash2_hf.cpu.kernels import packed_linears_supported
 from dflash2_hf.presets import default_drafter_folder
 from dflash2_hf.training.data import read_responses
@@ -133,19 +134,22 @@ def test_train_on_device_recipe_makes_data_trains_and_exports_a_drafter_at_a_tin
     environment variables: the answers, the run and the exported drafter with its training record land under OUT."""
     target = smollm2_tiny_target_folder(tmp_path / "target", num_hidden_layers=6)
     chat = tmp_path / "chat.jsonl"
-    chat.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Name {n} colours."}]}) + "\n"
-                            for n in range(6)))
+    chat.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Name {n} colours."},
+                                                      {"role": "assistant", "content": "Red, green and blue."}]}) + "\n"
+                            for n in range(9)))
     sizes = {"TARGET": target, "CHAT_FILE": str(chat), "PROMPTS": "4", "NEW_TOKENS": "8", "DATA_BATCH": "2",
-             "STEPS": "2", "TRAIN_BATCH": "2", "BLOCKS": "2", "LAYERS": "1",
-             "DFLASH2_HF": f"{sys.executable} -m dflash2_hf.cli"}
+             "STEPS": "2", "TRAIN_BATCH": "2", "BLOCKS": "2", "LAYERS": "1", "DRAFT_VOCAB": "64", "REPLIES": "3",
+             "REPLY_STEPS": "1", "DFLASH2_HF": f"{sys.executable} -m dflash2_hf.cli"}
     out = tmp_path / "out"
     result = subprocess.run(["bash", str(ROOT / "scripts" / "train_on_device.sh"), str(out)], capture_output=True,
                             text=True, timeout=600, cwd=ROOT, env=os.environ | sizes)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert len(read_responses(out / "data")) == 4
+    assert len(read_responses(out / "data")) == 4 and len(read_responses(out / "replies")) == 3
     record = json.loads((out / "drafter" / "training.json").read_text())
     assert record["budget"]["steps"] == 2 and record["config"]["batch_size"] == 2
-    assert (out / "drafter" / "model.safetensors").exists()
+    assert record["started_from"]["budget"]["steps"] == 1, "the second stage continues the replies' drafter"
+    drafter = DFlashDraftModel.from_pretrained(out / "drafter")
+    assert drafter.config.num_hidden_layers == 1 and drafter.config.draft_vocab_size == 64
     assert f"the drafter is in {out / 'drafter'}" in result.stdout
 
 
