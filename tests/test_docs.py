@@ -262,6 +262,20 @@ DOCUMENTED_COMMANDS = {
     "--data runs/lever-data --heldout-fraction 0.25 --out runs/lever-dv8k --steps 450 --checkpoint-every 150 "
     "--draft-vocab-size 8192":
         "tests/test_cli.py::test_train_cuts_a_new_drafter_to_the_answers_vocabulary_and_a_resumed_run_keeps_it",
+    # docs/training.md, levers at the same budget: 3 and 4 layers with a draft vocabulary, then all three levers.
+    **{"dflash2-hf train --feature-store runs/lever-features --dtype bfloat16 --batch-size 4 --blocks 24 --warmup 25 "
+       f"--data runs/lever-data --heldout-fraction 0.25 --out runs/lever-dv8k-l{layers} --steps 450 "
+       f"--checkpoint-every 150 --draft-vocab-size 8192 --layers {layers}":
+           "tests/test_cli.py::test_train_cuts_a_new_drafter_to_the_answers_vocabulary_and_a_resumed_run_keeps_it"
+       for layers in (3, 4)},
+    "dflash2-hf train --feature-store runs/lever-features --dtype bfloat16 --batch-size 4 --blocks 24 --warmup 25 "
+    "--data runs/lever-existing --heldout-fraction 0.0625 --out runs/lever-combined-s1 --steps 450 "
+    "--checkpoint-every 150 --draft-vocab-size 8192 --layers 3":
+        "tests/test_cli.py::test_train_cuts_a_new_drafter_to_the_answers_vocabulary_and_a_resumed_run_keeps_it",
+    "dflash2-hf train --feature-store runs/lever-features --dtype bfloat16 --batch-size 4 --blocks 24 --warmup 25 "
+    "--data runs/lever-data --heldout-fraction 0.25 --out runs/lever-combined-s2 --init-from "
+    "runs/lever-combined-s1/drafter --steps 450 --checkpoint-every 150":
+        "tests/test_cli.py::test_train_init_from_continues_the_whole_drafter_in_its_layout_on_new_data",
     # docs/training.md, the learning curve's fourth size: the recipe with --checkpoint-every, then its evaluations.
     "dflash2-hf train --target smollm2-135m --data runs/forecast-data --out runs/curve-2850 --steps 1425 "
     "--feature-store runs/lever-features --checkpoint-every 475":
