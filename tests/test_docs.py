@@ -276,6 +276,11 @@ DOCUMENTED_COMMANDS = {
     "--data runs/lever-data --heldout-fraction 0.25 --out runs/lever-combined-s2 --init-from "
     "runs/lever-combined-s1/drafter --steps 450 --checkpoint-every 150":
         "tests/test_cli.py::test_train_init_from_continues_the_whole_drafter_in_its_layout_on_new_data",
+    # docs/training.md, the long run: every answer at hand, 3 layers and a draft vocabulary.
+    "dflash2-hf train --data ../shared/data/smollm2-135m-chat-a runs/long-data-b --heldout-fraction 0.05 "
+    "--feature-store runs/lever-features --dtype bfloat16 --batch-size 4 --blocks 24 --warmup 50 --lr 1e-3 "
+    "--layers 3 --draft-vocab-size 8192 --steps 1800 --checkpoint-every 300 --out runs/long-a":
+        "tests/test_cli.py::test_train_cuts_a_new_drafter_to_the_answers_vocabulary_and_a_resumed_run_keeps_it",
     # docs/training.md, the learning curve's fourth size: the recipe with --checkpoint-every, then its evaluations.
     "dflash2-hf train --target smollm2-135m --data runs/forecast-data --out runs/curve-2850 --steps 1425 "
     "--feature-store runs/lever-features --checkpoint-every 475":
