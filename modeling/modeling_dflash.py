@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from typing import Any
 
 import torch
@@ -440,7 +439,7 @@ def layout_of(config: DFlashConfig) -> tuple[dict[str, str], frozenset[str]]:
         return {}, frozenset()
     if config.draft_vocab_size is None:
         return {}, VERIFIER_TENSORS
-    renamed = {rf"^{re.escape(name)}$": ours for name, ours in DRAFT_VOCABULARY_TENSORS.items()}
+    renamed = {"^" + name.replace(".", r"\.") + "$": ours for name, ours in DRAFT_VOCABULARY_TENSORS.items()}
     return renamed, VERIFIER_TENSORS - set(DRAFT_VOCABULARY_TENSORS)
 
 
