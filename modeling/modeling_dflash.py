@@ -522,7 +522,7 @@ class DFlashPreTrainedModel(PreTrainedModel):
                   if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
         if broken:
             raise DrafterLoadError(f"Checkpoint at {pretrained_model_name_or_path} has NaN or Inf values in: {', '.join(broken)}.")
-        if not_loaded and model.draft_vocabulary is not None:  # speculators stores offsets: target id = row + offset
+        if "draft_vocabulary" in key_mapping.values():  # speculators stores offsets: target id = row + offset
             model.draft_vocabulary += torch.arange(model.draft_vocabulary.numel(), device=model.draft_vocabulary.device)
         check_draft_vocabulary(model, pretrained_model_name_or_path)
         if "key_mapping" in kwargs:
