@@ -26,6 +26,7 @@ from conftest import PUBLISHED, REFERENCE, refusal, smollm2_tiny_target_folder, 
 from dflash2_hf import DFlash2DraftModel, DFlashDraftModel
 from dflash2_hf.cli import main
 from dflash2_hf.cli.generate import exact_bf16_tip, identity_verdict
+from dflash2_hf.measuring.greedy_difference import GreedyDifference
 from dflash2_hf.cpu.kernels import cpu_description, fastest_exact_setting, packed_linears_supported
 from dflash2_hf.generation import exact_widths
 from dflash2_hf.presets import SMOLLM2_135M
@@ -417,15 +418,41 @@ def test_evaluate_takes_the_tree_and_lookup_options_and_records_them(target, tra
 def test_bench_reports_every_method_at_every_temperature(bench, dtype):
     folder = bench(dtype)
     report = json.loads((folder / "results.json").read_text())
+    packed = ("plain packed", "prompt lookup packed") if packed_linears_supported(getattr(torch, dtype)) else ()
     assert {(row["method"], row["temperature"]) for row in report["summary"]} == {
-        (m, t) for m in ("plain", "prompt lookup", "dflash2 default", "transformers dflash", "dflash2 argmax",
+        (m, t) for m in ("plain", "prompt lookup", *packed, "dflash2 default", "transformers dflash", "dflash2 argmax",
                          "dflash2 greedy", "dflash2 viterbi", "dflash2 expected") for t in (0.0, 1.0)}
+    assert "Greedy exactness of `dflash2 default`: rounding" in (folder / "results.md").read_text()
     assert {row["benchmark"] for row in report["summary_by_benchmark"]} == {"humaneval", "mtbench"}
     assert report["settings"]["dtype"] == dtype and report["settings"]["per_source"] == 1
     assert 0 < report["settings"]["selector_parameters"] < report["settings"]["drafter_parameters"]
     assert "of which the candidate selector" in (folder / "results.md").read_text()
     assert "| dflash2 greedy |" in (folder / "results.md").read_text()
     assert (folder / "speedup.png").exists() and (folder / "drafts.png").exists()
+
+
+@pytest.mark.skipif(not packed_linears_supported(torch.float32), reason="this torch has no oneDNN")
+def test_bench_sets_the_drafters_own_share_against_packed_plain_decoding(bench):
+    report = json.loads((bench("float32") / "results.json").read_text())
+    rows = {(row["method"], row["temperature"]): row for row in report["summary"]}
+    packed_plain = rows[("plain packed", 0.0)]
+    assert packed_plain["speedup_over_packed_plain_median"] == 1.0
+    assert all("speedup_over_packed_plain_median" in row for row in rows.values())
+    assert "Speedup over plain decoding on packed linears" in (bench("float32") / "results.md").read_text()
+
+
+def test_bench_without_peers_runs_plain_decoding_and_ours_only(target, trained, tmp_path):
+    out = tmp_path / "report"
+    threads = torch.get_num_threads()
+    try:
+        run(["bench", "--target", target, "--drafter", str(trained / "drafter"), "--prompts", "humaneval",
+             "--per-source", "1", "--temperatures", "0", "--max-new-tokens", "4", "--paths", "argmax", "--no-peers",
+             "--threads", "1", "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    methods = {row["method"] for row in json.loads((out / "results.json").read_text())["summary"]}
+    packed = {"plain packed"} if packed_linears_supported(torch.float32) else set()
+    assert methods == {"plain", "dflash2 default", "dflash2 argmax"} | packed
 
 
 def test_export_puts_the_base_model_and_the_bench_results_in_the_card(trained, bench, tmp_path):
@@ -454,16 +481,17 @@ def test_generate_streams_the_answer_and_matches_plain_decoding(target, trained)
 
 
 @pytest.mark.measured_widths
-def test_generate_says_where_it_decoded_plainly_and_drafts_with_exactness_rounding(target, trained, monkeypatch):
+def test_generate_drafts_by_default_and_decodes_plainly_only_with_exactness_bitwise(target, trained, monkeypatch):
     monkeypatch.setattr(exact_widths, "rows_as_alone", lambda model, width: False)  # no width exact, as on Zen 4
     command = ["generate", "Write a Python function that reverses a string.", "--target", target, "--drafter",
                str(trained / "drafter"), "--max-new-tokens", "8", "--dtype", "float32"]
     printed = run(command)
-    assert ("asked; plain decoding here, since no verification width of this CPU rounds as one-token steps; "
-            "--exactness rounding drafts anyway): 8 tokens") in printed
+    assert "plain decoding here" not in printed and "; exactness rounding): 8 tokens" in printed
     assert "--- identical to plain decoding: yes" in printed
-    printed = run([*command, "--exactness", "rounding"])
-    assert "plain decoding here" not in printed and "--- identical to plain decoding: yes" in printed
+    printed = run([*command, "--exactness", "bitwise"])
+    assert ("asked; plain decoding here, since no verification width of this CPU rounds as one-token steps; "
+            "--exactness rounding drafts anyway; exactness bitwise): 8 tokens") in printed
+    assert "--- identical to plain decoding: yes" in printed
 
 
 @pytest.mark.parametrize("exact_bf16", [True, False])
@@ -477,22 +505,28 @@ def test_the_faster_exact_setting_is_offered_for_float32_only_where_bf16_is_exac
         assert tip is None
 
 
-def test_a_bf16_difference_from_plain_decoding_is_explained_and_an_fp32_one_is_not():
-    assert identity_verdict(True, "bfloat16") == identity_verdict(True, "float32") == "yes"
-    assert identity_verdict(False, "float32") == "NO"
-    assert "--dtype float32, or --exact-attention, is the exact setting" in identity_verdict(False, "bfloat16")
+IDENTICAL = GreedyDifference("identical")
+CLEAR = GreedyDifference("clear", position=3, gap=2.5, top2_gap=2.5, bound=1e-3)
+NEAR_TIE = GreedyDifference("near-tie", position=3, gap=2e-4, top2_gap=2e-4, bound=1e-3)
+
+
+def test_a_bf16_difference_from_plain_decoding_is_explained_and_an_fp32_one_is_judged():
+    assert identity_verdict(IDENTICAL, "bfloat16") == identity_verdict(IDENTICAL, "float32") == "yes"
+    assert identity_verdict(CLEAR, "float32").startswith("no: DIFFERS at new token 3, where the target's choice was clear")
+    assert identity_verdict(NEAR_TIE, "float32").startswith("no: differs from new token 3 on, at a near-tie")
+    assert "--dtype float32, or --exact-attention, is the exact setting" in identity_verdict(CLEAR, "bfloat16")
 
 
 def test_a_bf16_difference_with_the_exact_attention_is_not_excused_where_bf16_blocks_round_as_single_rows(
         monkeypatch):
     monkeypatch.setattr("dflash2_hf.cli.generate.bf16_rows_independent", lambda: True)
-    assert identity_verdict(False, "bfloat16", exact_attention=True) == "NO"
+    assert identity_verdict(CLEAR, "bfloat16", exact_attention=True).startswith("no: DIFFERS at new token 3")
 
 
 def test_a_bf16_difference_with_the_exact_attention_is_explained_where_the_cpus_bf16_blocks_round_differently(
         monkeypatch):
     monkeypatch.setattr("dflash2_hf.cli.generate.bf16_rows_independent", lambda: False)
-    verdict = identity_verdict(False, "bfloat16", exact_attention=True)
+    verdict = identity_verdict(CLEAR, "bfloat16", exact_attention=True)
     assert verdict.startswith("no (this CPU's bf16 matmuls round a many-token block differently")
     assert "--dtype float32 is the exact setting here" in verdict
 
@@ -616,6 +650,13 @@ def test_bench_lookup_ngrams_run_each_lookup_branch_once_per_longest_matched_suf
 def test_bench_lookup_ngrams_without_a_lookup_branch_or_below_one_are_refused_before_loading(tmp_path, options, message):
     refused = refusal(["bench", "--target", str(tmp_path / "no-such-model"), *options, "--out", str(tmp_path)])
     assert re.search(message, refused)
+
+
+@pytest.mark.parametrize("peer", [["--assistant", "smollm2-135m"], ["--llama-cpp"], ["--reference-venv"]],
+                         ids=["assistant", "llama.cpp", "reference"])
+def test_bench_no_peers_next_to_a_peer_asked_for_is_refused_before_loading(tmp_path, peer):
+    refused = refusal(["bench", "--target", "smollm2-135m", "--no-peers", *peer, "--out", str(tmp_path)])
+    assert "--no-peers leaves every peer out; drop it, or drop --assistant, --llama-cpp and --reference-venv" in refused
 
 
 def test_bench_runs_several_drafters_side_by_side_each_method_named_by_its_run(target, trained, tmp_path):

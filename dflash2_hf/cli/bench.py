@@ -83,10 +83,13 @@ def add_method_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--lookup-ngrams", nargs="+", type=int, metavar="M",
                        help="with --lookup-tokens, run each lookup branch once per longest matched suffix of M "
                             "tokens (max_matching_ngram_size; default: one run at 8)")
-    group.add_argument("--exactness", choices=EXACTNESS, default="bitwise",
-                       help="the 'dflash2 default' method's (bitwise: the library default, which decodes greedy "
-                            "float32 plainly where no verification width rounds as one-token steps; rounding: drafts "
-                            "anyway); the per-path methods always draft at every width")
+    group.add_argument("--exactness", choices=EXACTNESS, default="rounding",
+                       help="the 'dflash2 default' method's (rounding: the library default, drafting at every width; "
+                            "bitwise: the strict opt-in, which decodes greedy float32 plainly where no verification "
+                            "width rounds as one-token steps); the per-path methods always draft at every width")
+    group.add_argument("--no-peers", action="store_true",
+                       help="leave out the methods that are not ours or plain decoding (prompt lookup, transformers' "
+                            "DFlash): a bench of drafters against each other in half the time")
     add_cpu_kernel_options(group, "a packed twin of every method, its name ending in 'packed'; attention: every "
                                   "method, plain included")
 
@@ -117,6 +120,9 @@ def check_bench_arguments(args: argparse.Namespace) -> None:
         raise SystemExit("dflash2-hf bench: --lookup-ngrams must be >= 1.")
     check_bf16_cpu_options(args, command)
     check_target_argument(command, "--target", args.target)
+    if args.no_peers and (args.assistant or args.llama_cpp or args.reference_venv):
+        raise SystemExit("dflash2-hf bench: --no-peers leaves every peer out; drop it, or drop --assistant, "
+                         "--llama-cpp and --reference-venv.")
     if args.assistant:
         check_target_argument(command, "--assistant", args.assistant)
     if not args.no_drafter:
@@ -206,7 +212,8 @@ def bench(args: argparse.Namespace) -> None:
                 "block_sizes": args.block_sizes, "tree_nodes": args.tree_nodes, "lookup_tokens": args.lookup_tokens,
                 "lookup_ngrams": args.lookup_ngrams, "dtype": args.dtype, "threads": args.threads,
                 "max_new_tokens": args.max_new_tokens, "prompts": args.prompts, "per_source": args.per_source,
-                "packed_linears": args.packed_linears, "exact_attention": args.exact_attention}
+                "packed_linears": args.packed_linears, "exact_attention": args.exact_attention,
+                "exactness": args.exactness}
     try:
         with ExitStack() as stack:
             peers = start_peers(args, stack, folders[0] if folders else None, dtype, settings)
@@ -217,7 +224,9 @@ def bench(args: argparse.Namespace) -> None:
             assistant = load_target(args.assistant, dtype=dtype)[0] if args.assistant else None
             prompts = benchmark_prompts(tokenizer, args.prompts, args.per_source)
             check_prompts_fit("dflash2-hf bench", prompts, args.max_new_tokens, target)
-            methods = baseline_methods(assistant) + drafted_methods(args, target, drafters, settings)
+            packed = None if args.packed_linears else packed_baselines(target)
+            methods = (baseline_methods(assistant, linears=packed, peers=not args.no_peers)
+                       + drafted_methods(args, target, drafters, settings))
             if args.packed_linears:
                 models = [target, *drafters.values(), *([assistant] if assistant else [])]
                 methods = with_packed_linears(methods, PackedLinears(*models))
@@ -227,6 +236,15 @@ def bench(args: argparse.Namespace) -> None:
         raise SystemExit(f"dflash2-hf bench: {error}") from None
     write_report(runs, args.out, args.command_line, settings)
     print((Path(args.out) / "results.md").read_text())
+
+
+def packed_baselines(target) -> PackedLinears | None:
+    """The target's linears packed, for plain decoding (and prompt lookup) on the packed weights a drafter call
+    runs on by default; ``None`` where this CPU or dtype does not pack them."""
+    try:
+        return PackedLinears(target)
+    except ValueError:
+        return None
 
 
 def load_drafters(folders: list[Path], dtype: torch.dtype, settings: dict) -> dict[str, DFlashDraftModel]:
@@ -266,5 +284,5 @@ def drafted_methods(args: argparse.Namespace, target, drafters: dict[str, DFlash
         methods += drafter_methods(drafter, args.paths, label=label, block_sizes=args.block_sizes,
                                    cycle_cost=cycle_cost, tree_nodes=args.tree_nodes,
                                    lookup_tokens=args.lookup_tokens, lookup_ngrams=args.lookup_ngrams,
-                                   exactness=args.exactness)
+                                   exactness=args.exactness, peers=not args.no_peers)
     return methods

@@ -16,9 +16,9 @@ import torch
 from ..modeling import DFlashDraftModel
 from .lattice import PathStrategy
 
-#: The greedy-decoding promises a call can ask for (:mod:`~dflash2_hf.generation.exact_widths`): plain decoding's
-#: tokens bit for bit, or identical except where two logits tie within float rounding.
-EXACTNESS = ("bitwise", "rounding")
+#: The greedy-decoding promises a call can ask for (:mod:`~dflash2_hf.generation.exact_widths`): identical except
+#: where two logits tie within float rounding (the default), or plain decoding's tokens bit for bit.
+EXACTNESS = ("rounding", "bitwise")
 
 
 @dataclass(frozen=True)
@@ -53,9 +53,11 @@ class DraftOptions:
             (:func:`~dflash2_hf.cpu.kernels.packed_for_the_call`: float32, or bf16 where packing changes no result;
             packed once, reused by later calls); ``False`` runs them as they are.
         exactness: what greedy decoding of a float32/float64 target promises (:mod:`~dflash2_hf.generation.exact_widths`):
-            ``"bitwise"`` (default) plain decoding's tokens bit for bit, verifying only at widths this machine
-            computes as one-token forwards (measured; none: the call decodes plainly and warns); ``"rounding"``
-            verifies at any width, the output identical except where two logits tie within float rounding.
+            ``"rounding"`` (default) verifies at any width: the output is plain decoding's wherever the target's
+            choice is clear, and may part from it only where two logits tie within float rounding
+            (:mod:`~dflash2_hf.measuring.greedy_difference` shows which); ``"bitwise"``, the strict opt-in, gives
+            plain decoding's tokens bit for bit by verifying only at widths this machine computes as one-token
+            forwards (measured; none: the call decodes plainly and warns).
     """
 
     path: PathStrategy
@@ -67,7 +69,7 @@ class DraftOptions:
     lookup_tokens: int = 0
     plain_fallback: object = False
     packed_linears: bool = True
-    exactness: str = "bitwise"
+    exactness: str = "rounding"
 
     @classmethod
     def for_drafter(
@@ -217,8 +219,8 @@ def _resolved_fallback(config, plain_fallback: object) -> object:
 
 
 def _resolved_exactness(exactness: str | None) -> str:
-    """The call's greedy-decoding promise, ``"bitwise"`` unless it asks for ``"rounding"``."""
-    exactness = _first_set(exactness, "bitwise")
+    """The call's greedy-decoding promise, ``"rounding"`` unless it asks for ``"bitwise"``."""
+    exactness = _first_set(exactness, "rounding")
     if exactness not in EXACTNESS:
         raise ValueError(f"exactness must be one of 'bitwise', 'rounding', got {exactness!r}.")
     return exactness

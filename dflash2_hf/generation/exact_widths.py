@@ -6,12 +6,16 @@ so a row of a many-row forward can round differently from the same row alone (fl
 Intel Xeon with AMX: every width from 2 up). Such a difference is far below any logit gap that matters, but where two
 logits tie within it, greedy decoding with a drafter may pick the other token, and the outputs part ways.
 
-So greedy decoding in float32 (or float64) with ``exactness="bitwise"`` (the default) verifies only at widths
+By default (``exactness="rounding"``) a call verifies at any width: the output is then plain decoding's except
+where two logits tie within float rounding. How large that rounding is here is measured too
+(:func:`logit_rounding`: the largest logit difference between a verification forward's rows and one-token steps),
+so that a difference from plain decoding can be shown to be such a tie
+(:mod:`~dflash2_hf.measuring.greedy_difference`).
+
+Greedy decoding in float32 (or float64) with ``exactness="bitwise"``, the strict opt-in, verifies only at widths
 measured here to give every row, bit for bit, the logits a chain of one-token forwards gives it, for a drafted path
 (causal mask) and for a branched tree (tree mask and positions): up to the widest width below which every width
 passes. Where no width passes, the call decodes plainly, one token per forward, and says so once.
-``exactness="rounding"`` verifies at any width: the output is then plain decoding's except where two logits tie
-within float rounding.
 
 The measurement runs the target itself, under the call's kernels (packed linears, grouped attention), on random
 tokens after a short random context; it is kept per target, dtype, device, thread count and kernel setting, and it
@@ -42,8 +46,9 @@ PLAIN_DECODING = (
     "anyway: the output is then plain decoding's except where two logits tie within float rounding."
 )
 
-#: Per target: the widest exact verification width measured, per (dtype, device, threads, kernel setting).
-_MEASURED: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, tuple[int, bool]]] = weakref.WeakKeyDictionary()
+#: Per target, per (dtype, device, threads, kernel setting): the widest exact verification width measured (and
+#: whether the next one failed), and the logit rounding measured (keys starting with ``"rounding"``).
+_MEASURED: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, object]] = weakref.WeakKeyDictionary()
 
 
 def bitwise_rule_applies(target: torch.nn.Module, options: DraftOptions, do_sample: bool) -> bool:
@@ -140,6 +145,42 @@ def _tree_rows_as_alone(target, cache, anchor: int, tree: DraftTree) -> bool:
         if not all(torch.equal(together[row], logits) for row, logits in zip(rows, alone, strict=True)):
             return False
     return True
+
+
+def logit_rounding(target: torch.nn.Module, widest: int) -> float:
+    """The largest difference between a logit of a verification forward's row and the same logit from one-token
+    steps, over widths 2 to ``widest``, on this machine, under the target's kernels as they are now. Each width runs
+    two blocks in a row, the second on the cache the first filled, so the figure includes what a drafted cache's own
+    rounding adds to later logits. Measured once per target and setting (random tokens after a short random context)
+    and again only for a wider ``widest``."""
+    key = ("rounding", widest, target.dtype, target.device, torch.get_num_threads(), linears_packed(target),
+           getattr(target.config, "_attn_implementation", None))
+    known = _MEASURED.setdefault(target, {})
+    if key not in known:
+        known[key] = _blocks_against_steps(target, widest)
+    return known[key]
+
+
+def _blocks_against_steps(target: torch.nn.Module, widest: int) -> float:
+    """For every width from 2 to ``widest``: the largest logit difference between two ``width``-token forwards in a
+    row and the same tokens one at a time, after a shared context (one chain of one-token steps serves every
+    width)."""
+    generator = torch.Generator().manual_seed(widest)
+    vocabulary = target.get_input_embeddings().weight.shape[0]
+    tokens = torch.randint(vocabulary, (PROBE_CONTEXT + 2 * widest,), generator=generator).tolist()
+    context, drafted = tokens[:PROBE_CONTEXT], tokens[PROBE_CONTEXT:]
+    cache = DynamicCache(config=target.config)
+    largest = 0.0
+    with torch.no_grad():
+        _forward(target, context, cache)
+        alone_cache = copy.deepcopy(cache)
+        alone = torch.cat([_forward(target, [token], alone_cache) for token in drafted]).double()
+        for width in range(2, widest + 1):
+            together_cache = copy.deepcopy(cache)
+            together = torch.cat([_forward(target, drafted[start:start + width], together_cache)
+                                  for start in (0, width)]).double()
+            largest = max(largest, float((together - alone[:2 * width]).abs().max()))
+    return largest
 
 
 def _forward(target, tokens: list[int], cache, **kwargs) -> torch.Tensor:

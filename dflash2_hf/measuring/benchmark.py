@@ -21,9 +21,12 @@ from tqdm.auto import tqdm
 
 from ..cpu.kernels import PackedLinears, cpu_description
 from ..generation.stats import DFlashStats, DraftRecord
+from .greedy_difference import DEFAULT_WIDEST, compare_greedy
 from ..results_table import markdown_table
 
 SELECTOR_PATHS = ("greedy", "viterbi", "expected")
+#: Plain decoding on packed linears: the baseline of the drafter's own share of a speedup.
+PACKED_PLAIN = "plain packed"
 
 
 @dataclass
@@ -89,11 +92,18 @@ def standard_methods(
     return baseline_methods(assistant, prompt_lookup) + drafted
 
 
-def baseline_methods(assistant=None, prompt_lookup: int = 10) -> list[Method]:
-    """The methods that need no drafter of ours: plain decoding, prompt lookup and, when a small draft LM is given,
-    classic assisted generation."""
-    methods = [Method("plain"), Method("prompt lookup", {"prompt_lookup_num_tokens": prompt_lookup})]
-    if assistant is not None:
+def baseline_methods(assistant=None, prompt_lookup: int = 10, linears: PackedLinears | None = None,
+                     peers: bool = True) -> list[Method]:
+    """The methods that need no drafter of ours: plain decoding and, with ``peers``, prompt lookup and, when a small
+    draft LM is given, classic assisted generation. With ``linears`` (the target's packed linears), plain decoding
+    and prompt lookup also run on them (named ``... packed``): a drafter call packs its linears by default, and
+    packing speeds up any decoding, so the drafter's own share of a speedup is its ratio to packed plain decoding."""
+    methods = [Method("plain")]
+    if peers:
+        methods.append(Method("prompt lookup", {"prompt_lookup_num_tokens": prompt_lookup}))
+    if linears is not None:
+        methods = with_packed_linears(methods, linears)
+    if peers and assistant is not None:
         methods.append(Method("assisted (draft LM)", {"assistant_model": assistant}))
     return methods
 
@@ -101,7 +111,7 @@ def baseline_methods(assistant=None, prompt_lookup: int = 10) -> list[Method]:
 def drafter_methods(
     drafter, paths=("argmax",) + SELECTOR_PATHS, label: str = "", block_sizes: list[int] | None = None,
     cycle_cost=None, tree_nodes: list[int] | None = None, lookup_tokens: list[int] | None = None,
-    lookup_ngrams: list[int] | None = None, exactness: str = "bitwise",
+    lookup_ngrams: list[int] | None = None, exactness: str = "rounding", peers: bool = True,
 ) -> list[Method]:
     """Ours as the drafter's defaults set it up (``dflash2 default``: what ``generate(assistant_model=drafter)`` does
     with no option, the fallback to plain decoding included), transformers' built-in DFlash on the drafter, and ours
@@ -112,10 +122,12 @@ def drafter_methods(
     cost-sized: ``tree<N> adaptive``; with ``lookup_tokens``, each tree also with a context-lookup branch of up to
     ``L`` tokens: ``tree<N> lookup<L>``, and with ``lookup_ngrams`` once per longest matched suffix:
     ``tree<N> lookup<L> ngram<M>``). A ``label`` (several drafters side by side) ends every name: ``(label)``.
-    ``exactness`` is the default method's (the per-path methods draft at every width: the modes as named)."""
+    ``exactness`` is the default method's (the per-path methods draft at every width: the modes as named); without
+    ``peers``, transformers' built-in DFlash is left out."""
     methods = [Method("dflash2 default", {"assistant_model": drafter, "dflash_path": None,
-                                          "dflash_record_drafts": True, "dflash_exactness": exactness}),
-               Method("transformers dflash", {"assistant_model": drafter, "speculation_type": "dflash"})]
+                                          "dflash_record_drafts": True, "dflash_exactness": exactness})]
+    if peers:
+        methods.append(Method("transformers dflash", {"assistant_model": drafter, "speculation_type": "dflash"}))
     sizes = block_sizes or [None]
     for path in (p for p in paths if p == "argmax" or drafter.config.is_dflash2):
         for size in sizes:
@@ -171,6 +183,7 @@ class Run:
     lookup_cycles: int = 0  # cycles among the fallback's steps that verified copied tokens alone
     recall: dict = field(default_factory=dict)
     token_ids: list[int] = field(default_factory=list)  # the new tokens, to compare greedy runs with plain decoding
+    greedy_difference: dict | None = None  # greedy: how the tokens compare with plain decoding's (GreedyDifference)
 
     @property
     def tokens_per_second(self) -> float:
@@ -246,7 +259,20 @@ class Benchmark:
                     for method in self.methods[shift:] + self.methods[:shift]:
                         self.runs.append(self._one(method, inputs, index, benchmark, temperature))
                         progress.update(1)
+        self._compare_greedy_runs(prompts)
         return self.runs
+
+    def _compare_greedy_runs(self, prompts: list[tuple[str, torch.Tensor]]) -> None:
+        """Every greedy run of a method other than plain decoding, compared with plain decoding's tokens on the same
+        prompt (:func:`~dflash2_hf.measuring.greedy_difference.compare_greedy`; after the timed runs, so a difference's
+        second plain decoding and the rounding measurement are not timed)."""
+        plain = {r.prompt: r.token_ids for r in self.runs if r.method == "plain" and r.temperature == 0}
+        widest = max([DEFAULT_WIDEST] + [1 + v for r in self.runs for v in r.verified_lengths])
+        for run in self.runs:
+            if run.temperature == 0 and run.method != "plain" and run.prompt in plain and run.token_ids:
+                inputs = prompts[run.prompt][1]
+                run.greedy_difference = compare_greedy(self.target, inputs, run.token_ids, plain[run.prompt],
+                                                       widest).to_json()
 
 
 def _quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -259,6 +285,7 @@ def _quartiles(values: list[float]) -> tuple[float, float, float]:
 def summarize(runs: list[Run]) -> list[dict]:
     """Figures per method and temperature (see the module docstring for how speed is compared)."""
     plain = {(r.prompt, r.temperature): r for r in runs if r.method == "plain"}
+    packed_plain = {(r.prompt, r.temperature): r for r in runs if r.method == PACKED_PLAIN}
     rows = []
     for method in dict.fromkeys(r.method for r in runs):
         for temperature in sorted({r.temperature for r in runs}):
@@ -271,9 +298,14 @@ def summarize(runs: list[Run]) -> list[dict]:
             row = {"method": method, "temperature": temperature, "runs": len(group),
                    "tokens_per_second": sum(r.new_tokens for r in group) / sum(r.seconds for r in group),
                    "speedup_median": median, "speedup_q1": q1, "speedup_q3": q3}
+            over_packed = [r.tokens_per_second / packed_plain[(r.prompt, temperature)].tokens_per_second
+                           for r in group if (r.prompt, temperature) in packed_plain]
+            if over_packed:  # the share of the speedup that is not the packed linears' own
+                row["speedup_over_packed_plain_median"] = _quartiles(over_packed)[1]
             if temperature == 0 and group[0].token_ids:  # greedy: does it give plain decoding's tokens, prompt by prompt?
                 row["same_tokens_as_plain"] = sum(r.token_ids == plain[(r.prompt, 0)].token_ids
                                                   for r in group if (r.prompt, 0) in plain)
+                row |= _difference_counts(group)
             lengths = [a for r in group for a in r.acceptance_lengths]
             if lengths:
                 row |= {"mean_acceptance_length": sum(lengths) / len(lengths),
@@ -281,6 +313,15 @@ def summarize(runs: list[Run]) -> list[dict]:
                 row |= _draft_figures(group)
             rows.append(row)
     return rows
+
+
+def _difference_counts(group: list[Run]) -> dict:
+    """How many greedy runs parted from plain decoding at a near-tie, and how many where its choice was clear (a
+    bug), where the runs were compared (:meth:`Benchmark._compare_greedy_runs`)."""
+    outcomes = [r.greedy_difference["outcome"] for r in group if r.greedy_difference]
+    if not outcomes:
+        return {}
+    return {"near_ties": outcomes.count("near-tie"), "clear_differences": outcomes.count("clear")}
 
 
 def _draft_figures(group: list[Run]) -> dict:
@@ -332,11 +373,13 @@ def acceptance_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def speedup_table(rows: list[dict]) -> str:
+def speedup_table(rows: list[dict], figure: str = "speedup_median") -> str:
     """Median paired speedup per method (rows) and prompt source and temperature (columns), from
-    :func:`summarize_by_benchmark`'s rows: a method can gain on code and lose on chat."""
+    :func:`summarize_by_benchmark`'s rows: a method can gain on code and lose on chat. ``figure`` picks the
+    baseline: plain decoding (default) or, with ``speedup_over_packed_plain_median``, plain decoding on packed
+    linears."""
     columns = list(dict.fromkeys((row["benchmark"], row["temperature"]) for row in rows))
-    cells = {(row["method"], row["benchmark"], row["temperature"]): row["speedup_median"] for row in rows}
+    cells = {(row["method"], row["benchmark"], row["temperature"]): row[figure] for row in rows if figure in row}
     lines = ["| method | " + " | ".join(f"{benchmark} T={temperature:g}" for benchmark, temperature in columns) + " |",
              "|---|" + "---|" * len(columns)]
     for method in dict.fromkeys(row["method"] for row in rows):
@@ -378,10 +421,15 @@ def write_report(runs: list[Run], folder: str | Path, command: str, settings: di
               "summary_by_benchmark": by_benchmark, "runs": [asdict(r) for r in runs]}
     (folder / "results.json").write_text(json.dumps(report, indent=2))
     by_source = f"\nSpeedup (median of paired ratios) by prompt source:\n\n{speedup_table(by_benchmark)}\n"
+    if any("speedup_over_packed_plain_median" in row for row in by_benchmark):
+        by_source += ("\nSpeedup over plain decoding on packed linears (the share that is not the packing's own) by "
+                      f"prompt source:\n\n{speedup_table(by_benchmark, 'speedup_over_packed_plain_median')}\n")
     if any("mean_acceptance_length" in row for row in by_benchmark):
         by_source += f"\nMean acceptance length by prompt source:\n\n{acceptance_table(by_benchmark)}\n"
     sizes = "".join(f"{_drafter_size(name, size)}\n\n" for name, size in _drafter_sizes(settings).items())
     machine = f"CPU: {report['environment']['cpu']}.\n\n"
+    if "exactness" in settings:
+        machine += f"Greedy exactness of `dflash2 default`: {settings['exactness']}.\n\n"
     (folder / "results.md").write_text(f"Command: `{command}`\n\n{machine}{sizes}{markdown_table(rows)}\n{by_source}")
     benchmark_plots(rows, folder)
     return report
