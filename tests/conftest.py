@@ -182,6 +182,18 @@ def _measured_widths_where_marked(request, monkeypatch):
         monkeypatch.setattr(exact_widths, "exact_verify_width", MEASURED_EXACT_WIDTH)
 
 
+def assert_plain_decodings_output(target, inputs, ours: torch.Tensor, plain: torch.Tensor) -> None:
+    """The identity check of greedy output with a drafter: ``ours`` is plain decoding's output ``plain`` (both
+    ``[1, prompt + new]``), or parts from it only at a near-tie of plain decoding's logits within the rounding measured
+    on this machine (:mod:`dflash2_hf.measuring.greedy_difference`); a difference where the target's choice was clear
+    fails, saying where and by how much."""
+    from dflash2_hf.measuring.greedy_difference import compare_greedy
+
+    prompt = (inputs["input_ids"] if isinstance(inputs, dict) else inputs).shape[1]
+    difference = compare_greedy(target, inputs, ours[0, prompt:].tolist(), plain[0, prompt:].tolist())
+    assert difference.explained, difference.describe()
+
+
 def smollm2_tiny_target_folder(folder: Path, **overrides) -> str:
     """A tiny random Llama with SmolLM2's vocabulary, special tokens and tokenizer (``overrides``: more config
     fields), saved as a checkpoint folder the commands load like any other."""

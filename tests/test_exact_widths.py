@@ -1,5 +1,6 @@
-"""Greedy float32 decoding verifies only at widths this machine computes as one-token steps (exactness="bitwise",
-the default), decodes plainly where there is none, and drafts at every width when asked (exactness="rounding")."""
+"""Greedy float32 decoding drafts at every width by default (exactness="rounding"); with exactness="bitwise", the
+strict opt-in, it verifies only at widths this machine computes as one-token steps and decodes plainly where there is
+none."""
 
 import copy
 import warnings
@@ -18,7 +19,9 @@ def prompt(length: int = 9) -> torch.Tensor:
 
 
 def generate(target, drafter, **kwargs):
-    """Greedy decoding with the drafter, the warnings it gave, and its statistics."""
+    """Greedy decoding with the drafter (``exactness="bitwise"`` unless ``kwargs`` say otherwise), the warnings it
+    gave, and its statistics."""
+    kwargs.setdefault("dflash_exactness", "bitwise")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         output = target.generate(prompt(), max_new_tokens=24, do_sample=False, assistant_model=drafter, **kwargs)
@@ -56,7 +59,7 @@ def test_decoding_verifies_within_the_widest_exact_width(monkeypatch):
 
 
 @pytest.mark.measured_widths
-def test_where_two_rows_already_round_differently_the_default_decodes_plainly_and_says_so():
+def test_where_two_rows_already_round_differently_bitwise_decodes_plainly_and_says_so():
     target, drafter = tiny_target(), tiny_drafter()
     if not rows_differ_here(target, 2):
         pytest.skip("this machine's float32 kernels give a 2-row forward's rows what one-row forwards give")
@@ -67,9 +70,13 @@ def test_where_two_rows_already_round_differently_the_default_decodes_plainly_an
 
 
 @pytest.mark.measured_widths
-def test_rounding_drafts_at_every_width_whatever_this_machine_measures():
-    output, caught, stats = generate(tiny_target(), tiny_drafter(), dflash_exactness="rounding")
-    assert stats.exact_width is None and stats.cycles > 0 and not caught
+def test_the_default_drafts_at_every_width_whatever_this_machine_measures(monkeypatch):
+    monkeypatch.setattr(exact_widths, "rows_as_alone", lambda model, width: pytest.fail("measured"))
+    drafter = tiny_drafter()
+    tiny_target().generate(prompt(), max_new_tokens=24, do_sample=False, assistant_model=drafter)
+    stats = drafter.last_generation_stats
+    assert stats.exact_width is None and stats.cycles > 0
+    assert DraftOptions.for_drafter(drafter).exactness == "rounding"
 
 
 @pytest.mark.measured_widths
@@ -96,7 +103,8 @@ CAPS = {  # options asked for -> the exact width measured -> the options decoded
 def test_options_are_cut_to_the_widest_exact_verification(asked, width, decoded, monkeypatch):
     target, drafter = tiny_target(), tiny_drafter()
     monkeypatch.setattr(exact_widths, "rows_as_alone", lambda model, probed: probed <= width)
-    options, measured = exact_widths.exact_options(target, DraftOptions.for_drafter(drafter, **asked), False)
+    options, measured = exact_widths.exact_options(
+        target, DraftOptions.for_drafter(drafter, **asked, exactness="bitwise"), False)
     assert measured == width and widest_forward(options) <= width
     assert {name: getattr(options, name) for name in decoded} == decoded
 
@@ -127,9 +135,9 @@ def test_an_unknown_exactness_is_refused_naming_the_choices(value):
 
 def test_a_generation_config_carries_exactness():
     drafter = tiny_drafter()
-    config = GenerationConfig(max_new_tokens=8, do_sample=False, dflash_exactness="rounding")
+    config = GenerationConfig(max_new_tokens=8, do_sample=False, dflash_exactness="bitwise")
     tiny_target().generate(prompt(), generation_config=config, assistant_model=drafter)
-    assert drafter.last_generation_stats.exact_width is None
+    assert drafter.last_generation_stats.exact_width is not None
 
 
 @pytest.mark.parametrize("exactness", ["bitwise", "rounding"])
@@ -137,6 +145,7 @@ def test_bench_runs_its_default_with_the_exactness_asked_and_every_path_at_every
     from dflash2_hf.cli import command_parser
     from dflash2_hf.measuring.benchmark import drafter_methods
 
+    assert command_parser().parse_args(["bench"]).exactness == "rounding", "the library's default"
     args = command_parser().parse_args(["bench", "--exactness", exactness])
     methods = {m.name: m.generate_kwargs for m in drafter_methods(tiny_drafter(), exactness=args.exactness)}
     assert methods["dflash2 default"]["dflash_exactness"] == exactness

@@ -42,8 +42,9 @@ PROBE_CONTEXT = 24
 PLAIN_DECODING = (
     "Decoding plainly (one token per target forward): on this machine a {dtype} target forward over 2 or more "
     "tokens rounds some logits unlike one-token forwards (measured), so verifying a draft could break a near-tie "
-    "differently from plain decoding. Pass dflash_exactness='rounding' (command line: --exactness rounding) to draft "
-    "anyway: the output is then plain decoding's except where two logits tie within float rounding."
+    "differently from plain decoding, and this call asked for dflash_exactness='bitwise'. The default, "
+    "dflash_exactness='rounding' (command line: leave out --exactness bitwise), drafts: the output is then plain "
+    "decoding's except where two logits tie within float rounding."
 )
 
 #: Per target, per (dtype, device, threads, kernel setting): the widest exact verification width measured (and
