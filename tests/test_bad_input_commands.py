@@ -6,12 +6,13 @@ would stop with transformers' OSError instead of the one-line ``SystemExit`` ass
 by hand, as `dflash2-hf data` writes them.
 """
 
+import gzip
 import json
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import refusal, smollm2_tiny_target_folder, tiny_drafter
+from conftest import new_drafter, refusal, smollm2_tiny_target_folder, tiny_drafter
 
 
 SHAPES = "chat files are ShareGPT JSON"  # how a refused chat file's message goes on
@@ -139,6 +140,60 @@ def test_a_truncated_shard_is_refused_naming_the_file_and_line(target, tmp_path,
     assert message.startswith(f"dflash2-hf {command}: {data / 'shard-0000000.jsonl'}, line 2: not JSON (")
     assert message.endswith("delete it and the shards after it, then rerun the same `dflash2-hf data` command to "
                             "answer those prompts again.")
+
+
+def _gzip(text: str) -> bytes:
+    return gzip.compress(text.encode(), mtime=0)
+
+
+UNREADABLE_SHARDS = {  # shard name -> bytes that are not UTF-8 JSONL text
+    "binary": ("shard-0000000.jsonl", bytes(range(256))),
+    "cut mid-character": ("shard-0000000.jsonl", (json.dumps(record()) + "\n").encode() + "é".encode()[:1]),
+    "gzip of binary": ("shard-0000000.jsonl.gz", gzip.compress(b"\xff\xfe\x00 not text", mtime=0)),
+    "gzip cut off": ("shard-0000000.jsonl.gz", _gzip(json.dumps(record()) * 50)[:40]),
+    "named gzip, not gzip": ("shard-0000000.jsonl.gz", (json.dumps(record()) + "\n").encode()),
+}
+
+
+def unreadable_data(folder: Path, name: str, content: bytes) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text(json.dumps({"target": "tiny"}))
+    (folder / name).write_bytes(content)
+    return folder
+
+
+@pytest.mark.parametrize(("name", "content"), UNREADABLE_SHARDS.values(), ids=UNREADABLE_SHARDS.keys())
+@pytest.mark.parametrize("command", ["train", "export"])
+def test_a_shard_that_is_not_text_is_refused_naming_the_file_and_the_fix(target, tmp_path, command, name, content):
+    data = unreadable_data(tmp_path / "data", name, content)
+    argv = (train_argv(target, data, tmp_path / "run") if command == "train" else
+            ["export", str(tmp_path / "drafter"), str(tmp_path / "out"), "--target", target, "--draft-vocab-size",
+             "8", "--vocab-data", str(data)])
+    if command == "export":
+        new_drafter().save_pretrained(tmp_path / "drafter")
+    message = refusal(argv)
+    assert message.startswith(f"dflash2-hf {command}: {data / name}: not a response shard `dflash2-hf data` wrote (")
+    assert message.endswith("delete it and the shards after it, then rerun the same `dflash2-hf data` command to "
+                            "answer those prompts again.")
+
+
+UNREADABLE_MANIFESTS = {
+    "cut off": b'{"target": "tiny", "max_new',
+    "a JSON list": b'["target", "tiny"]',
+    "a JSON string": b'"tiny"',
+    "binary": bytes(range(256)),
+}
+
+
+@pytest.mark.parametrize("content", UNREADABLE_MANIFESTS.values(), ids=UNREADABLE_MANIFESTS.keys())
+def test_data_into_a_folder_whose_manifest_cannot_be_read_is_refused_naming_it_and_the_fix(target, tmp_path, content):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "manifest.json").write_bytes(content)
+    chat = chat_file(tmp_path, '{"messages": [{"role": "user", "content": "Hi"}]}\n')
+    message = refusal(data_argv(target, tmp_path, "--chat-file", chat, "--limit", "1"))
+    assert message.startswith(f"dflash2-hf data: {tmp_path / 'out' / 'manifest.json'}: ")
+    assert message.endswith("delete it, and the same `dflash2-hf data` command writes it anew (the shards keep the "
+                            "answers), or begin a new --out folder.")
 
 
 def test_a_shard_line_that_is_not_a_record_is_refused_naming_the_file_and_line(target, tmp_path):

@@ -31,7 +31,7 @@ from dflash2_hf.cpu.kernels import cpu_description, fastest_exact_setting, packe
 from dflash2_hf.generation import exact_widths
 from dflash2_hf.presets import SMOLLM2_135M
 from dflash2_hf.training.code_prompts import code_request
-from dflash2_hf.training.data import describe_data, read_responses
+from dflash2_hf.training.data import describe_data, read_responses, shard_text
 
 CHAT = ["Write a Python function that adds two numbers.", "What is the capital of France?",
         "Explain recursion in one sentence.", "Name three colours."]
@@ -130,10 +130,10 @@ def test_info_counts_a_factorised_selector_without_the_vocabulary(capsys, tmp_pa
 
 def test_data_answers_the_chat_file_prompts_with_the_target(data, target):
     out, printed = data
-    records = [json.loads(line) for shard in sorted(out.glob("shard-*.jsonl")) for line in shard.read_text().splitlines()]
+    records = read_responses(out)
     assert re.fullmatch(rf"3 prompts answered in {re.escape(str(out))} \(3 this run in \d+ s: [\d.]+ answers/s, \d+ "
                         r"answer tokens/s\)", printed.strip().splitlines()[-1])
-    assert len(list(out.glob("shard-*.jsonl"))) == 2, "--batch-size 2: one shard per batch"
+    assert len(list(out.glob("shard-*.jsonl.gz"))) == 2, "--batch-size 2: one gzip shard per batch"
     assert {r["prompt"] for r in records} < set(CHAT)
     assert all(r["prompt_ids"] and 1 <= len(r["response_ids"]) <= 12 for r in records)
     assert json.loads((out / "manifest.json").read_text())["target"] == target
@@ -254,9 +254,10 @@ def test_token_ids_outside_the_targets_vocabulary_are_refused_naming_the_shard_a
                                                                                         tmp_path, command):
     folder = tmp_path / "data"
     shutil.copytree(data[0], folder)
-    shard = folder / "shard-0000002.jsonl"
-    record = json.loads(shard.read_text().splitlines()[0])
+    compressed, shard = folder / "shard-0000002.jsonl.gz", folder / "shard-0000002.jsonl"
+    record = json.loads(shard_text(compressed).splitlines()[0])
     record["response_ids"][0] = 10**6  # as in data made with a larger vocabulary
+    compressed.unlink()
     shard.write_text(json.dumps(record) + "\n")
     argv = (train_argv(target, folder, tmp_path / "run") if command == "train" else
             ["heldout", str(trained / "drafter"), "--target", target, "--data", str(folder), "--heldout-fraction", "0.5"])

@@ -9,7 +9,7 @@ import torch
 
 from conftest import tiny_target
 from dflash2_hf.training import data
-from dflash2_hf.training.data import ResponseGenerator, read_responses
+from dflash2_hf.training.data import ResponseGenerator, read_responses, shard_files
 from dflash2_hf.training.setup import fastest_dtype
 from interruptible import chat_tokenizer
 
@@ -48,7 +48,7 @@ def test_the_batch_size_changes_no_answer(target, tmp_path):
 
 def test_a_run_resumed_with_another_batch_size_answers_each_prompt_once(target, tmp_path):
     generator(target, tmp_path, batch_size=2).run(PROMPTS)
-    for shard in sorted(tmp_path.glob("shard-*.jsonl"))[2:]:  # as if stopped after two batches
+    for shard in shard_files(tmp_path)[2:]:  # as if stopped after two batches
         shard.unlink()
     generator(target, tmp_path, batch_size=3).run(PROMPTS)
     assert sorted(record["prompt"] for record in read_responses(tmp_path)) == sorted(PROMPTS)

@@ -31,7 +31,7 @@ from safetensors.torch import save_file as safetensors_save
 import interruptible
 from conftest import one_torch_thread
 from dflash2_hf.training.checkpoint import PREFIX, latest_checkpoint, load_checkpoint, save_checkpoint
-from dflash2_hf.training.data import read_responses
+from dflash2_hf.training.data import read_responses, shard_files, shard_text
 from dflash2_hf.training import checkpoint
 from dflash2_hf.training.trainer import DrafterTrainer
 
@@ -129,17 +129,17 @@ def unbroken_records(tmp_path_factory) -> list[dict]:
 
 def test_a_killed_data_run_leaves_only_complete_shards_of_what_an_unbroken_run_writes(data: Interrupted,
                                                                                       unbroken_records: list[dict]):
-    shards = sorted(data.left_behind.glob("shard-*.jsonl"))
+    shards = shard_files(data.left_behind)
     assert shards
     for shard in shards:
-        lines = shard.read_text().splitlines()
+        lines = shard_text(shard).splitlines()
         assert len(lines) == interruptible.BATCH_SIZE and all(json.loads(line) for line in lines), shard.name
     left = read_responses(data.left_behind)
     assert left == unbroken_records[: len(left)]
 
 
 def test_a_restarted_data_run_redoes_at_most_the_batch_it_was_killed_in(data: Interrupted):
-    done = len(list(data.left_behind.glob("shard-*.jsonl")))
+    done = len(shard_files(data.left_behind))
     assert data.restarted_at == done
     assert data.restarted_at >= data.killed_in
 

@@ -58,6 +58,11 @@ def make_data(args: argparse.Namespace) -> None:
                                              "--max-prompt-chars": 1})
     refuse_below("dflash2-hf data", "--temperature", args.temperature, 0, " (0: answers greedily)")
     check_out_folder("data", "--out", args.out)
+    if (Path(args.out) / "manifest.json").is_file():  # a folder to go on with: its manifest must read
+        try:
+            data.read_manifest(args.out)
+        except ValueError as error:
+            raise SystemExit(f"dflash2-hf data: {error}") from None
     for chat_file in args.chat_file or []:
         if not Path(chat_file).is_file():
             raise SystemExit(f"dflash2-hf data: --chat-file {chat_file} is not a file; pass {data.CHAT_FILE_SHAPES}.")

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from ..export_layouts import LAYOUTS
-from .checks import PATHS, check_target_argument
+from .checks import PATHS, check_target_argument, read_data
 from .parsers import add_command
 
 
@@ -94,3 +94,4 @@ def check_vocabulary_arguments(args: argparse.Namespace) -> None:
     if not args.vocab_data or not args.target:
         raise SystemExit("dflash2-hf export: --draft-vocab-size needs --vocab-data (answers made by `dflash2-hf "
                          "data`) and --target (whose head rows the drafter copies).")
+    read_data(args.vocab_data, "export")  # every shard readable, before the target loads

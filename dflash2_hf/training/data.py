@@ -6,7 +6,9 @@
 * :func:`evaluation_prompts` lists the HumanEval and MT-Bench prompts; they never enter training data
   (:func:`excluded_from_training`; :mod:`.code_prompts` makes code prompts from Python sources instead of chat files).
 * :class:`ResponseGenerator` answers prompts with the target in batches and appends each finished batch to a shard
-  (written to a temporary file, then renamed), with a manifest of the settings; a restarted run skips what is done.
+  (gzip-compressed JSONL, ``shard-XXXXXXX.jsonl.gz``, written to a temporary file, then renamed), with a manifest of
+  the settings; a restarted run skips what is done. Shards stay compact enough to keep in a repository; the
+  uncompressed ``shard-XXXXXXX.jsonl`` of older folders are read alike.
   Prompts are answered in order of length within windows of :data:`LENGTH_WINDOW` (batches of like-sized prompts
   carry little padding: a padded prompt costs a full prefill), so records come in that order.
 * :class:`ExistingResponses` writes the same shards from the replies already in the chat files (no generation: fast,
@@ -231,7 +233,7 @@ OLDER_MANIFEST_DEFAULTS = {"responses": "target", "prompts": "chat", "dtype": "b
 
 
 class ResponseGenerator:
-    """Answers prompts with the target, batch by batch, into ``folder/shard-XXXXX.jsonl`` files (resumable)."""
+    """Answers prompts with the target, batch by batch, into ``folder/shard-XXXXXXX.jsonl.gz`` files (resumable)."""
 
     def __init__(self, target, tokenizer, folder: str | os.PathLike, settings: GenerationSettings, batch_size: int = 16):
         self.target = target
@@ -254,7 +256,7 @@ class ResponseGenerator:
     def _check_manifest(self) -> None:
         manifest = self.folder / "manifest.json"
         if manifest.exists():
-            previous = OLDER_MANIFEST_DEFAULTS | json.loads(manifest.read_text())
+            previous = OLDER_MANIFEST_DEFAULTS | read_manifest(self.folder)
             if previous != asdict(self.settings):
                 raise ValueError(f"{self.folder} holds responses made with other settings: {previous}; use a new folder.")
         else:
@@ -262,7 +264,7 @@ class ResponseGenerator:
 
     def done_count(self) -> int:
         """How many records the folder's shards hold."""
-        return sum(len(p.read_text().splitlines()) for p in self.folder.glob("shard-*.jsonl"))
+        return sum(len(shard_text(shard).splitlines()) for shard in shard_files(self.folder))
 
     def records_since(self, count: int) -> list[dict]:
         """The records written after the first ``count`` (those of a run that began with ``count`` done)."""
@@ -295,7 +297,7 @@ class ResponseGenerator:
             for start in range(done, len(prompts), self.batch_size):
                 batch = prompts[start : start + self.batch_size]
                 records = self._answer(batch)
-                shard = self.folder / f"shard-{start:07d}.jsonl"
+                shard = self.folder / f"shard-{start:07d}.jsonl.gz"
                 _write_atomically(shard, "".join(json.dumps(r) + "\n" for r in records))
                 progress.update(len(batch))
         return self.done_count()
@@ -374,11 +376,37 @@ def _until_end(token_ids: list[int], end_ids: set[int]) -> list[int]:
     return token_ids
 
 
+#: The names of response shards: gzip-compressed JSONL, and the plain JSONL of folders made before shards were
+#: compressed.
+SHARD_PATTERNS = ("shard-*.jsonl.gz", "shard-*.jsonl")
+
+
+def shard_files(folder: str | os.PathLike) -> list[Path]:
+    """The response shards of a data folder in prompt order (names carry the first prompt's index, zero-padded)."""
+    return sorted((shard for pattern in SHARD_PATTERNS for shard in Path(folder).glob(pattern)),
+                  key=lambda shard: shard.name.split(".")[0])
+
+
+def shard_text(shard: Path) -> str:
+    """A shard's text, decompressed where it is gzip; one that cannot be read as UTF-8 text (binary, cut off
+    mid-character or mid-stream) is refused naming the file and the fix (``ValueError``)."""
+    try:
+        if shard.name.endswith(".gz"):
+            with gzip.open(shard, "rt", encoding="utf-8") as handle:
+                return handle.read()
+        return shard.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError, EOFError) as error:
+        raise ValueError(f"{shard}: not a response shard `dflash2-hf data` wrote ({type(error).__name__}: {error}); "
+                         "delete it and the shards after it, then rerun the same `dflash2-hf data` command to answer "
+                         "those prompts again.") from None
+
+
 def _shards(folder: str | os.PathLike) -> list[Path]:
     """The response shards of a data folder, in prompt order; a folder without any is refused."""
-    shards = sorted(Path(folder).glob("shard-*.jsonl"))
+    shards = shard_files(folder)
     if not shards:
-        raise FileNotFoundError(f"{folder} holds no response shards (shard-*.jsonl); make them with `dflash2-hf data`.")
+        raise FileNotFoundError(f"{folder} holds no response shards (shard-*.jsonl.gz or shard-*.jsonl); make them "
+                                "with `dflash2-hf data`.")
     return shards
 
 
@@ -398,7 +426,7 @@ def _shard_records(shard: Path) -> Iterator[tuple[int, dict]]:
     """``(line number, record)`` of each record of a shard. A line that is not a whole record (the shard was cut off
     or changed: shards are written whole) is refused naming the shard and line, with how to make it again: the data
     step resumes after its last complete shard."""
-    for number, line in enumerate(shard.read_text().splitlines(), start=1):
+    for number, line in enumerate(shard_text(shard).splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -433,14 +461,29 @@ def check_token_ids(records: list[dict], vocab_size: int, folders: Sequence[str 
                              "that made it (its manifest.json names it), or make the data with this one.")
 
 
+def read_manifest(folder: str | os.PathLike) -> dict:
+    """A data folder's ``manifest.json``: the settings object `dflash2-hf data` wrote. One that is not UTF-8 JSON
+    (cut off, binary) or holds another JSON value is refused naming the file and the fix (``ValueError``)."""
+    manifest = Path(folder) / "manifest.json"
+    fix = ("delete it, and the same `dflash2-hf data` command writes it anew (the shards keep the answers), or begin "
+           "a new --out folder")
+    try:
+        settings = json.loads(manifest.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{manifest}: not the JSON object `dflash2-hf data` writes ({error}); {fix}.") from None
+    if not isinstance(settings, dict):
+        raise ValueError(f"{manifest}: holds a JSON {type(settings).__name__}, not the settings object `dflash2-hf "
+                         f"data` writes; {fix}.")
+    return settings
+
+
 def describe_data(folder: str | os.PathLike, records: int) -> str:
     """One line on a response folder for training records and model cards, from its manifest."""
     manifest = Path(folder) / "manifest.json"
     if not manifest.exists():
         return f"{records} responses (no manifest)"
     try:
-        settings = json.loads(manifest.read_text())
-        return _described(settings, records)
+        return _described(read_manifest(folder), records)
     except (ValueError, KeyError, TypeError, AttributeError):  # a manifest edited by hand, or cut short
         return f"{records} responses (its manifest.json does not say how they were made)"
 
@@ -459,10 +502,12 @@ def _described(settings: dict, records: int) -> str:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    """Write then rename, so a stop mid-write never leaves a truncated file behind."""
+    """Write then rename, so a stop mid-write never leaves a truncated file behind; a ``.gz`` path gets the text
+    gzip-compressed (with no timestamp, so the same records give the same bytes)."""
     temporary = path.with_suffix(path.suffix + ".tmp")
-    with open(temporary, "w", encoding="utf-8") as handle:
-        handle.write(text)
+    data = text.encode("utf-8")
+    with open(temporary, "wb") as handle:
+        handle.write(gzip.compress(data, mtime=0) if path.name.endswith(".gz") else data)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temporary, path)
