@@ -48,7 +48,7 @@ from .export_layouts import (
     write_published_config,
     write_speculators_config,
 )
-from .drafting.options import DraftOptions
+from .drafting.options import DraftOptions, with_recommended_plan
 from .results_table import markdown_table
 from .modeling import DFlashConfig, DFlashDraftModel
 from .training.checkpoint import check_writable_folder
@@ -143,6 +143,7 @@ def recommended_options(drafter: DFlashDraftModel, path: str | None) -> DraftOpt
     when a call sets none, exactly as ``generate`` resolves them."""
     if path is not None:
         drafter.config.default_path_strategy = path
+    with_recommended_plan(drafter.config)  # a drafter with no plan of its own decodes with the measured one
     try:
         return DraftOptions.for_drafter(drafter)
     except ValueError as error:

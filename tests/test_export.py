@@ -236,7 +236,7 @@ def test_published_layout_materialises_a_factorised_selector_that_drafts_the_sam
     runs = []
     for drafter in (factorised, published):
         output = target.generate(inputs, do_sample=False, max_new_tokens=24, assistant_model=drafter,
-                                 dflash_record_drafts=True)
+                                 dflash_record_drafts=True, dflash_tree_nodes=0)  # one selector path each cycle
         runs.append((output, drafter.last_generation_stats.drafts))
     (output, drafts), (published_output, published_drafts) = runs
     assert torch.equal(output, published_output)

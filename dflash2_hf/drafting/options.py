@@ -21,6 +21,25 @@ from .lattice import PathStrategy
 EXACTNESS = ("rounding", "bitwise")
 
 
+#: The plan measured best for a CPU-trained drafter (docs/results.md): a token tree of up to 8 drafted tokens sized
+#: every cycle by the measured cost, with a branch of up to 8 tokens copied from the context. What ``train`` and
+#: ``export`` write into a drafter config that sets no plan of its own.
+RECOMMENDED_PLAN = {"default_tree_nodes": 8, "default_adaptive_block": True, "default_lookup_tokens": 8}
+#: A config's plan fields at their class defaults: one path, no tree, no copied branch.
+BARE_PLAN = {"default_tree_nodes": 0, "default_adaptive_block": False, "default_lookup_tokens": 0}
+
+
+def with_recommended_plan(config) -> bool:
+    """Give a drafter config that sets the bare plan (:data:`BARE_PLAN`) the recommended one, its tree cut to the
+    branches its lattice holds; whether it was changed. A config with a plan of its own keeps it."""
+    if any(getattr(config, name) != value for name, value in BARE_PLAN.items()):
+        return False
+    branches = sum(config.selector_top_k**depth for depth in range(1, min(config.block_size, 4)))  # enough to cap 8
+    for name, value in RECOMMENDED_PLAN.items():
+        setattr(config, name, min(value, branches) if name == "default_tree_nodes" else value)
+    return True
+
+
 @dataclass(frozen=True)
 class DraftOptions:
     """Per-call drafting settings.

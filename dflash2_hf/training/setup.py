@@ -15,6 +15,7 @@ import torch
 
 from ..cpu.kernels import native_bf16_matmuls
 from ..modeling import DFlashConfig, DFlashDraftModel, GroupedDynamicConv, spread_target_layer_ids
+from ..drafting.options import with_recommended_plan
 
 #: The ``--dtype`` choices of the data and training commands: ``auto`` is :func:`fastest_dtype`.
 DTYPE_CHOICES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -55,7 +56,7 @@ def drafter_config_for(
     if len(set(taps)) < num_taps:
         raise ValueError(f"--taps {num_taps}: the target's {text.num_hidden_layers} layers give {len(set(taps))} "
                          "distinct layers to read (from layer 1 to three before the end); ask for at most that many.")
-    return DFlashConfig(
+    config = DFlashConfig(
         vocab_size=text.vocab_size,
         hidden_size=text.hidden_size,
         intermediate_size=intermediate_size or text.intermediate_size,
@@ -79,6 +80,8 @@ def drafter_config_for(
         eos_token_id=text.eos_token_id,
         pad_token_id=text.pad_token_id,
     )
+    with_recommended_plan(config)  # what generate runs by default with the drafter trained from it
+    return config
 
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -137,9 +140,11 @@ def drafter_to_continue(
     ``selector_rank`` is upgraded to DFlash 2: its weights are kept, the block convolutions start as the identity (so it
     drafts exactly as before) and a fresh candidate selector is added, ready for selector-only training. With
     ``new_selector``, a DFlash 2 drafter's selector is replaced by a fresh one (of ``selector_rank``, factorised or
-    not), the rest kept: how two selectors are compared on the same drafter.
+    not), the rest kept: how two selectors are compared on the same drafter. A drafter that sets no decoding plan of
+    its own gets the recommended one (:func:`~dflash2_hf.drafting.options.with_recommended_plan`).
     """
     drafter = DFlashDraftModel.from_pretrained(folder, dtype=torch.float32)
+    with_recommended_plan(drafter.config)
     upgrade = not drafter.config.is_dflash2 and selector_rank is not None
     if not (upgrade or new_selector):
         return drafter
