@@ -104,11 +104,16 @@ def describe_config(config: DFlashConfig) -> dict:
 def check_destination(out: Path, drafter_folder: Path, overwrite: bool) -> None:
     """Refuse an output folder that cannot be written (a file, a path under a file, a place where no folder can be
     made: :func:`~dflash2_hf.training.checkpoint.check_writable_folder`) or that holds anything (unless ``overwrite``), and
-    never replace the source itself."""
+    never replace the source itself, nor the current folder or one above it (a folder the process stands in cannot be
+    swapped for the finished export)."""
     try:
         check_writable_folder(out)
     except ValueError as error:
         raise ExportError(str(error)) from None
+    here = Path.cwd().resolve()
+    if out.resolve() == here or out.resolve() in here.parents:
+        raise ExportError(f"{out} is the current folder or holds it, which the finished export cannot replace; name a "
+                          "new folder beside it (e.g. ../my-drafter-hub) or run the command from elsewhere.")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ExportError(f"{out} exists and is not empty; choose a new folder or pass --overwrite to replace it.")
     source = drafter_folder.resolve()

@@ -283,6 +283,27 @@ def test_non_empty_output_is_refused_unless_overwrite(drafter_folder, tmp_path):
         export_drafter(drafter_folder, tmp_path, overwrite=True)
 
 
+UNSWAPPABLE = {  # where the command runs -> the destination it is given, relative to there
+    "the current folder": ("hub", "."),
+    "the current folder by its path": ("hub", None),
+    "a folder above the current one": ("hub/sub", ".."),
+}
+
+
+@pytest.mark.parametrize(("inside", "destination"), UNSWAPPABLE.values(), ids=UNSWAPPABLE.keys())
+def test_a_destination_the_process_stands_in_is_refused_before_any_work_leaving_nothing(
+        drafter_folder, tmp_path, monkeypatch, inside, destination):
+    here = tmp_path / inside
+    here.mkdir(parents=True)
+    (here / "notes.txt").write_text("mine")
+    monkeypatch.chdir(here)
+    out = Path(destination) if destination else here
+    before = sorted(path.relative_to(tmp_path) for path in tmp_path.rglob("*"))
+    with pytest.raises(ExportError, match="is the current folder or holds it, which the finished export cannot replace"):
+        export_drafter(drafter_folder, out, overwrite=True)
+    assert sorted(path.relative_to(tmp_path) for path in tmp_path.rglob("*")) == before, "nothing made, nothing lost"
+
+
 def test_overwrite_keeps_the_old_folder_until_the_new_one_is_in_place(drafter_folder, tmp_path, monkeypatch):
     out = tmp_path / "hub"
     export_drafter(drafter_folder, out)
