@@ -402,9 +402,17 @@ def check_stored_dtypes(location: Any, hub_kwargs: dict, not_loaded: frozenset[s
         wrong = {name: dtype for name, dtype in stored_dtypes(path).items()
                  if dtype not in STORED_DTYPES.get(name, FLOATING_SAFETENSORS_DTYPES) and name not in not_loaded}
         if wrong:
-            named = ", ".join(f"{name} ({dtype})" for name, dtype in sorted(wrong.items()))
-            raise DrafterLoadError(f"Checkpoint at {location} stores {named}, not floating point (token ids: "
-                                   "integers); save the drafter again from the trained model.")
+            named = "; ".join(f"{name} as {dtype}, where {_expected_storage(name)} belongs"
+                              for name, dtype in sorted(wrong.items()))
+            raise DrafterLoadError(f"Checkpoint at {location} stores {named}; save the drafter again from the "
+                                   "trained model.")
+
+
+def _expected_storage(name: str) -> str:
+    """What a tensor of this name is stored as, in words: integer token ids or offsets, or floating-point weights."""
+    if name in STORED_DTYPES:
+        return f"an integer tensor ({' or '.join(sorted(STORED_DTYPES[name]))}: token ids or offsets)"
+    return "floating point (a weight)"
 
 
 def check_draft_vocabulary(model: nn.Module, location: Any) -> None:

@@ -58,6 +58,57 @@ DRAFT_VOCABULARY_TENSORS = {"lm_head.weight": "draft_head.weight", "d2t": "draft
 CHECKPOINT_FORMAT = "speculators"
 
 
+def _integer(low: int, optional: bool = False) -> tuple:
+    """A field rule: an integer (never a bool, a float or a string of digits) of at least ``low``."""
+    return (lambda value: (optional and value is None) or (type(value) is int and value >= low),
+            f"an integer >= {low}" + (" or null" if optional else ""))
+
+
+_FLAG = (lambda value: isinstance(value, bool), "true or false")
+_OBJECT = (lambda value: isinstance(value, dict), "an object")
+#: The fields a speculators config is read by, each as (accepts, what it accepts in words): checked, all of them,
+#: before any is used, so a value of the wrong JSON type is named instead of failing where it is read.
+FIELD_RULES = {
+    "speculators_model_type": (lambda value: isinstance(value, str) and value in SPECULATORS_ARCHITECTURES,
+                               "one of " + ", ".join(repr(kind) for kind in SPECULATORS_ARCHITECTURES)),
+    "transformer_layer_config": (_OBJECT[0], "an object of the draft transformer's fields"),
+    "aux_hidden_state_layer_ids": (lambda value: isinstance(value, list) and bool(value)
+                                   and all(type(i) is int for i in value), "a non-empty list of integers"),
+    "block_size": _integer(2),
+    "mask_token_id": _integer(0),
+    "draft_vocab_size": _integer(1, optional=True),
+    "target_hidden_size": _integer(1, optional=True),
+    "sample_from_anchor": _FLAG,
+    "sliding_window_non_causal": _FLAG,
+    "tie_word_embeddings": _FLAG,
+    "speculators_config": _OBJECT,
+    **{name: _integer(1) for name in SELECTOR_FIELDS},
+}
+#: The ``transformer_layer_config`` fields this module compares with top-level fields, by the same rules.
+LAYER_FIELD_RULES = {
+    "vocab_size": _integer(1), "hidden_size": _integer(1),
+    "layer_types": (lambda value: isinstance(value, list) and all(isinstance(v, str) for v in value),
+                    "a list of layer kinds (strings)"),
+}
+
+
+def _json_kind(value: Any) -> str:
+    """What a JSON value is, in JSON's words."""
+    kinds = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)
+
+
+def mistyped_fields(config_dict: dict) -> list[str]:
+    """One message per field of a speculators config (and of its ``transformer_layer_config``) whose value its rule
+    refuses: the field, what was found and what was expected. Absent fields are left to the checks that need them."""
+    layer = config_dict.get("transformer_layer_config")
+    places = [(config_dict, FIELD_RULES, "")] + ([(layer, LAYER_FIELD_RULES, "transformer_layer_config.")]
+                                                 if isinstance(layer, dict) else [])
+    return [f"{prefix}{name}: found the {_json_kind(values[name])} {values[name]!r}, expected {expected}"
+            for values, rules, prefix in places for name, (accepts, expected) in rules.items()
+            if name in values and not accepts(values[name])]
+
+
 def is_speculators_config(config_dict: dict) -> bool:
     """True when a ``config.json`` is in speculators' format (it names its ``speculators_model_type``)."""
     return "speculators_model_type" in config_dict
@@ -93,9 +144,18 @@ def _draft_vocabulary_problems(config_dict: dict, kind: Any, vocab: Any) -> list
 
 
 def unhonoured_fields(config_dict: dict) -> list[str]:
-    """One message per field of a speculators config that this package cannot run exactly as trained."""
-    kind, layer, aux = config_dict.get("speculators_model_type"), _layer_config(config_dict), _aux_ids(config_dict)
+    """One message per field of a speculators config that this package cannot run exactly as trained: first every
+    field of the wrong type or range (:func:`mistyped_fields`), then what the values mean."""
     problems = [f"unknown field {name!r}" for name in sorted(set(config_dict) - KNOWN_FIELDS)]
+    problems += mistyped_fields(config_dict)
+    if problems:
+        return problems
+    kind, layer, aux = config_dict.get("speculators_model_type"), _layer_config(config_dict), _aux_ids(config_dict)
+    if kind == "dflash2" and not set(SELECTOR_FIELDS) <= set(config_dict):
+        missing = ", ".join(name for name in SELECTOR_FIELDS if name not in config_dict)
+        problems.append(f"speculators_model_type 'dflash2' declares a DFlash 2 drafter but the config lacks {missing}: "
+                        "it would load here as a DFlash v1 drafter; write all of conv_kernel_size, conv_group_size, "
+                        "selector_rank and selector_top_k (speculators' DFlash 2 config saves them)")
     if kind not in SPECULATORS_ARCHITECTURES:
         problems.append(f"speculators_model_type {kind!r} (this package reads {', '.join(SPECULATORS_ARCHITECTURES)})")
     if not isinstance(config_dict.get("transformer_layer_config"), dict):

@@ -212,7 +212,18 @@ def test_hub_repo_id_still_loads_from_the_hub_cache(tmp_path, monkeypatch):
 def test_a_weight_stored_as_anything_but_floating_point_is_named(tmp_path, name, dtype):
     tiny_drafter("dflash").save_pretrained(tmp_path)
     rewrite_weights(tmp_path, lambda t: t.update({name: t[name].to(dtype)}))
-    with pytest.raises(DrafterLoadError, match=rf"stores {re.escape(name)} \(\w+\), not floating point"):
+    with pytest.raises(DrafterLoadError, match=rf"stores {re.escape(name)} as \w+, where floating point \(a weight\) "
+                                               "belongs"):
+        DFlashDraftModel.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_draft_vocabulary_stored_as_floats_is_refused_saying_ids_are_integers(tmp_path, dtype):
+    drafter = tiny_drafter("dflash", draft_vocab_size=16)
+    drafter.save_pretrained(tmp_path)
+    rewrite_weights(tmp_path, lambda t: t.update({"draft_vocabulary": t["draft_vocabulary"].to(dtype)}))
+    with pytest.raises(DrafterLoadError, match=r"stores draft_vocabulary as \w+, where an integer tensor \(I32 or I64: "
+                                               r"token ids or offsets\) belongs"):
         DFlashDraftModel.from_pretrained(tmp_path)
 
 

@@ -67,18 +67,83 @@ def test_a_speculators_drafter_decodes_as_plain_generate(one_thread):
 #: Fields of a speculators config this package cannot honour exactly: the change, and the words naming it.
 UNHONOURED = {
     "draft vocabulary on DFlash 2": ({"draft_vocab_size": 64}, "draft_vocab_size 64 is below the verifier's"),
-    "draft vocabulary of no tokens": ({"draft_vocab_size": 0}, "draft_vocab_size 0 must be an integer from 1"),
+    "draft vocabulary of no tokens": ({"draft_vocab_size": 0}, "draft_vocab_size: found the number 0, expected an "
+                                      "integer >= 1"),
     "draft vocabulary past the verifier's": ({"draft_vocab_size": 200}, "draft_vocab_size 200 must be an integer"),
-    "draft vocabulary not a number": ({"draft_vocab_size": "64"}, "draft_vocab_size '64' must be an integer"),
+    "draft vocabulary not a number": ({"draft_vocab_size": "64"}, "draft_vocab_size: found the string '64', expected"),
     "anchor slot sampled": ({"sample_from_anchor": True}, "sample_from_anchor is true"),
     "embedding output tapped": ({"aux_hidden_state_layer_ids": [0, 3]}, "id 0 is the verifier's embedding output"),
     "no taps": ({"aux_hidden_state_layer_ids": None}, "aux_hidden_state_layer_ids must be a non-empty list"),
-    "taps not integers": ({"aux_hidden_state_layer_ids": ["1"]}, "aux_hidden_state_layer_ids must be a non-empty"),
-    "another model type": ({"speculators_model_type": "eagle3"}, "speculators_model_type 'eagle3'"),
+    "taps not integers": ({"aux_hidden_state_layer_ids": ["1"]}, "aux_hidden_state_layer_ids: found the array ['1'], "
+                          "expected a non-empty list of integers"),
+    "another model type": ({"speculators_model_type": "eagle3"}, "speculators_model_type: found the string 'eagle3', "
+                           "expected one of 'dflash', 'dflash2'"),
     "a field nobody listed": ({"draft_temperature": 0.5}, "unknown field 'draft_temperature'"),
     "features of another width": ({"target_hidden_size": 128}, "target_hidden_size 128 differs from hidden_size"),
-    "no layer config": ({"transformer_layer_config": "qwen3"}, "transformer_layer_config must be an object"),
+    "no layer config": ({"transformer_layer_config": "qwen3"}, "transformer_layer_config: found the string 'qwen3', "
+                        "expected an object"),
 }
+#: Every field a speculators config is read by, given a value of another JSON type -> what the refusal says was found.
+MISTYPED = {
+    "model type as a list": ({"speculators_model_type": ["dflash2"]}, "speculators_model_type: found the array"),
+    "model type as a number": ({"speculators_model_type": 2}, "speculators_model_type: found the number 2"),
+    "block size as a string": ({"block_size": "16"}, "block_size: found the string '16', expected an integer >= 2"),
+    "block size as a float": ({"block_size": 16.0}, "block_size: found the number 16.0, expected an integer"),
+    "block size as a bool": ({"block_size": True}, "block_size: found the boolean True, expected an integer"),
+    "mask token as a string": ({"mask_token_id": "95"}, "mask_token_id: found the string '95'"),
+    "target width as a string": ({"target_hidden_size": "64"}, "target_hidden_size: found the string '64', expected "
+                                 "an integer >= 1 or null"),
+    "anchor flag as a string": ({"sample_from_anchor": "false"}, "sample_from_anchor: found the string 'false', "
+                                "expected true or false"),
+    "window flag as a number": ({"sliding_window_non_causal": 1}, "sliding_window_non_causal: found the number 1"),
+    "tied flag as a string": ({"tie_word_embeddings": "no"}, "tie_word_embeddings: found the string 'no'"),
+    "speculators_config as a list": ({"speculators_config": []}, "speculators_config: found the array [], expected an "
+                                     "object"),
+    "selector rank as a string": ({"selector_rank": "8"}, "selector_rank: found the string '8', expected an integer"),
+    "top-k as a float": ({"selector_top_k": 4.5}, "selector_top_k: found the number 4.5"),
+    "conv kernel of zero": ({"conv_kernel_size": 0}, "conv_kernel_size: found the number 0, expected an integer >= 1"),
+    "taps as a string": ({"aux_hidden_state_layer_ids": "1,2"}, "aux_hidden_state_layer_ids: found the string"),
+}
+
+
+def layer_config_with(**changes) -> dict:
+    config = json.loads((SPECULATORS / "dflash2" / "config.json").read_text())
+    return {"transformer_layer_config": config["transformer_layer_config"] | changes}
+
+
+MISTYPED |= {
+    "layer vocabulary as a string": (layer_config_with(vocab_size="96"),
+                                     "transformer_layer_config.vocab_size: found the string '96'"),
+    "layer width as a list": (layer_config_with(hidden_size=[64]), "transformer_layer_config.hidden_size: found the "
+                              "array [64]"),
+    "layer kinds as a string": (layer_config_with(layer_types="full_attention"),
+                                "transformer_layer_config.layer_types: found the string 'full_attention'"),
+}
+
+
+@pytest.mark.parametrize(("changes", "named"), MISTYPED.values(), ids=MISTYPED.keys())
+def test_a_field_of_the_wrong_type_is_refused_naming_it_what_was_found_and_what_was_expected(changes, named, tmp_path):
+    folder = speculators_folder(tmp_path, **changes)
+    with pytest.raises(ValueError, match="cannot be run exactly as it was trained") as error:
+        DFlashDraftModel.from_pretrained(folder)
+    assert named in str(error.value)
+
+
+@pytest.mark.parametrize(("changes", "named"), list(MISTYPED.values())[:4], ids=list(MISTYPED)[:4])
+def test_info_on_a_mistyped_folder_answers_in_one_line(changes, named, tmp_path):
+    message = refusal(["info", speculators_folder(tmp_path, **changes)])
+    assert named in message and "\n" not in message
+
+
+@pytest.mark.parametrize("missing", ["conv_kernel_size", "selector_rank", "selector_top_k"])
+def test_a_declared_dflash2_without_its_selector_fields_is_refused_not_read_as_dflash(missing, tmp_path):
+    folder = speculators_folder(tmp_path)
+    config = json.loads((Path(folder) / "config.json").read_text())
+    del config[missing]
+    (Path(folder) / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=f"speculators_model_type 'dflash2' declares a DFlash 2 drafter but the config "
+                                         f"lacks {missing}"):
+        DFlashDraftModel.from_pretrained(folder)
 
 
 @pytest.mark.parametrize(("changes", "named"), UNHONOURED.values(), ids=UNHONOURED.keys())
