@@ -347,6 +347,16 @@ def move_into_place(staging: Path, out: Path) -> None:
     shutil.rmtree(aside.parent)
 
 
+def check_cut_fits_layout(drafter: DFlashDraftModel, layout: str) -> None:
+    """Refuse cutting a DFlash 2 drafter to a draft vocabulary for a layout that keeps DFlash 2 drafters whole
+    (speculators' and the published one), with advice that works: the same export without the cut, or the cut in
+    the package's layout."""
+    if layout != "package" and drafter.config.is_dflash2:
+        raise ExportError(f"the {layout} layout has no draft vocabulary for a DFlash 2 drafter; drop --draft-vocab-size "
+                          "and --vocab-data to export it with the target's whole head, or drop --format to cut it in "
+                          "this package's layout.")
+
+
 def chosen_layout(layout: str, published_layout: bool) -> str:
     """The layout an export writes: ``layout``, or ``published`` for the 0.1 flag; refuses an unknown name or the
     flag beside another layout."""
@@ -414,6 +424,7 @@ def export_drafter(
     if whole_head:
         drafter = with_the_target_head(drafter)
     if draft_vocabulary is not None:
+        check_cut_fits_layout(drafter, layout)
         drafter = cut_to_vocabulary(drafter, target, draft_vocabulary)
     options = recommended_options(drafter, path)
     drafter = in_layout(drafter, layout, target)

@@ -102,3 +102,24 @@ def test_a_humaneval_problem_in_the_sources_never_becomes_a_training_prompt(tmp_
     assert any("def has_close_elements" in c[0]["content"] for c in conversations)
     prompts = training_prompts(iter(conversations), limit=100, exclude=excluded_from_training())
     assert len(prompts) == len(conversations) - 1 and not any("has_close_elements" in p for p in prompts)
+
+
+NO_DOCUMENTED_FUNCTION = {
+    "no Python file": {"notes.txt": "text"},
+    "Python without functions": {"constants.py": "PI = 3.14\n"},
+    "functions without docstrings": {"plain.py": "def f(x):\n    return x\n"},
+}
+
+
+@pytest.mark.parametrize("files", NO_DOCUMENTED_FUNCTION.values(), ids=NO_DOCUMENTED_FUNCTION.keys())
+def test_code_prompts_from_folders_without_a_documented_function_are_refused_with_advice_that_works(files, tmp_path):
+    from conftest import refusal
+
+    for name, text in files.items():
+        (tmp_path / "sources" / name).parent.mkdir(exist_ok=True)
+        (tmp_path / "sources" / name).write_text(text)
+    message = refusal(["data", "--code-prompts", str(tmp_path / "sources"), "--out", str(tmp_path / "out")])
+    assert "no documented function (a def with a docstring) in the .py files under" in message
+    assert "--max-prompt-chars" not in message and not (tmp_path / "out").exists()
+    (tmp_path / "sources" / "circle.py").write_text(SOURCE)  # the advice: sources that have some
+    assert list(code_conversations([tmp_path / "sources"])), "the same folder with a documented function gives prompts"

@@ -230,6 +230,21 @@ def test_export_cuts_the_drafter_to_the_answers_vocabulary(drafter, target_folde
     assert "it drafts from 24 of the target's tokens, through a head of its own" in (out / "README.md").read_text()
 
 
+@pytest.mark.parametrize("layout", ["speculators", "published"])
+def test_cutting_a_dflash2_drafter_for_a_whole_head_layout_gives_advice_that_works_when_followed(
+        drafter, target_folder, answers, tmp_path, layout):
+    drafter.save_pretrained(tmp_path / "drafter")
+    common = ["export", str(tmp_path / "drafter"), "--target", str(target_folder), "--dtype", "float32"]
+    cut = ["--draft-vocab-size", "24", "--vocab-data", str(answers)]
+    message = refusal([*common[:2], str(tmp_path / "refused"), *common[2:], *cut, "--format", layout])
+    assert message.endswith("drop --draft-vocab-size and --vocab-data to export it with the target's whole head, or "
+                            "drop --format to cut it in this package's layout.")
+    assert not (tmp_path / "refused").exists()
+    assert main([*common[:2], str(tmp_path / "whole"), *common[2:], "--format", layout]) == 0  # the first advice
+    assert main([*common[:2], str(tmp_path / "cut"), *common[2:], *cut]) == 0  # the second
+    assert DFlashDraftModel.from_pretrained(tmp_path / "cut").draft_vocabulary.numel() == 24
+
+
 @pytest.mark.parametrize(("arguments", "message"), [
     (["--draft-vocab-size", "8"], "--draft-vocab-size needs --vocab-data"),
     (["--vocab-data", "DATA"], "--vocab-data chooses a draft vocabulary; give its size too"),

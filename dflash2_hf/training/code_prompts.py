@@ -64,8 +64,14 @@ def source_files(roots: Iterable[str | Path]) -> list[Path]:
 def code_conversations(roots: Iterable[str | Path] = (), seed: int = 0) -> Iterator[list[dict[str, str]]]:
     """One single-turn conversation per function stub of the sources under ``roots`` (default: the standard
     library), shuffled with ``seed`` so that any prefix spreads over many modules. The sources are read at once, so
-    a root that is not a folder is refused here, before any work on the conversations."""
-    stubs = [stub for path in source_files(list(roots) or [standard_library()])
+    a root that is not a folder, or roots holding no documented function, are refused here (``FileNotFoundError``),
+    before any work on the conversations."""
+    folders = list(roots) or [standard_library()]
+    stubs = [stub for path in source_files(folders)
              for stub in function_stubs(path.read_text(encoding="utf-8", errors="replace"))]
+    if not stubs:
+        raise FileNotFoundError(f"no documented function (a def with a docstring) in the .py files under "
+                                f"{', '.join(map(str, folders))}; name folders of Python sources that have some, or "
+                                "give no folder to use the standard library's")
     random.Random(seed).shuffle(stubs)
     return iter([[{"role": "user", "content": code_request(stub)}] for stub in stubs])
