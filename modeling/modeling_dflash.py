@@ -518,7 +518,6 @@ class DFlashPreTrainedModel(PreTrainedModel):
                 "download or save it again."
             ) from error
         check_stored_dtypes(pretrained_model_name_or_path, hub_kwargs, not_loaded)
-        info["unexpected_keys"] = {key for key in info.get("unexpected_keys") or [] if key not in not_loaded}
         problems = [
             f"{kind.replace('_', ' ')}: {', '.join(sorted(map(_describe_key, info.get(kind) or [])))}"
             for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")
@@ -564,6 +563,9 @@ class DFlashDraftModel(DFlashPreTrainedModel):
         self.register_buffer("draft_vocabulary", None if draft_vocab is None else torch.arange(draft_vocab))
         self.gradient_checkpointing = False
         self.post_init()
+        # The tensors a checkpoint of this config's layout stores for the verifier (a speculators checkpoint's t2d,
+        # say) are left unloaded on purpose: transformers' load report is not to call them unexpected.
+        self._keys_to_ignore_on_load_unexpected = {"^" + name.replace(".", r"\.") + "$" for name in layout_of(config)[1]}
 
     @property
     def block_size(self) -> int:

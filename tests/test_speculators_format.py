@@ -214,6 +214,15 @@ def test_a_speculators_draft_vocabulary_loads_as_the_head_and_target_ids(tmp_pat
     assert torch.equal(drafter.draft_head.weight, stored["lm_head.weight"])
 
 
+def test_loading_a_speculators_draft_vocabulary_reports_nothing_of_the_deliberately_unread_t2d(tmp_path, capfd):
+    folder = speculators_folder(tmp_path, kind="dflash")
+    with_speculators_vocabulary(folder)
+    capfd.readouterr()
+    DFlashDraftModel.from_pretrained(folder)
+    printed = "".join(capfd.readouterr())
+    assert "t2d" not in printed and "LOAD REPORT" not in printed
+
+
 def test_greedy_decoding_with_a_speculators_draft_vocabulary_is_plain_generate(tmp_path, one_thread):
     folder = speculators_folder(tmp_path, kind="dflash")
     with_speculators_vocabulary(folder)
