@@ -131,9 +131,11 @@ def load_drafter(folder: Path, dtype: torch.dtype) -> DFlashDraftModel:
         raise ExportError(f"{folder} is not a drafter folder: {error}") from None
 
 
-def cut_to_vocabulary(drafter: DFlashDraftModel, target: torch.nn.Module | None, token_ids: torch.Tensor) -> DFlashDraftModel:
-    """The drafter drafting from ``token_ids`` through rows of ``target``'s LM head; refused without a target that
-    fits the drafter."""
+def cut_to_vocabulary(drafter: DFlashDraftModel, target: torch.nn.Module | None, token_ids: torch.Tensor,
+                      layout: str = "package") -> DFlashDraftModel:
+    """The drafter drafting from ``token_ids`` through rows of ``target``'s LM head, for an export in ``layout``;
+    refused without a target that fits the drafter, and where the layout cannot store the cut."""
+    check_cut_fits_layout(drafter, layout)
     if target is None:
         raise ExportError("a draft vocabulary copies rows of the target's LM head: name the target (--target).")
     try:
@@ -424,8 +426,7 @@ def export_drafter(
     if whole_head:
         drafter = with_the_target_head(drafter)
     if draft_vocabulary is not None:
-        check_cut_fits_layout(drafter, layout)
-        drafter = cut_to_vocabulary(drafter, target, draft_vocabulary)
+        drafter = cut_to_vocabulary(drafter, target, draft_vocabulary, layout)
     options = recommended_options(drafter, path)
     drafter = in_layout(drafter, layout, target)
     record = read_training_record(drafter_folder)

@@ -58,11 +58,7 @@ def make_data(args: argparse.Namespace) -> None:
                                              "--max-prompt-chars": 1})
     refuse_below("dflash2-hf data", "--temperature", args.temperature, 0, " (0: answers greedily)")
     check_out_folder("data", "--out", args.out)
-    if (Path(args.out) / "manifest.json").is_file():  # a folder to go on with: its manifest must read
-        try:
-            data.read_manifest(args.out)
-        except ValueError as error:
-            raise SystemExit(f"dflash2-hf data: {error}") from None
+    check_manifest_readable(args.out)
     for chat_file in args.chat_file or []:
         if not Path(chat_file).is_file():
             raise SystemExit(f"dflash2-hf data: --chat-file {chat_file} is not a file; pass {data.CHAT_FILE_SHAPES}.")
@@ -107,6 +103,17 @@ def make_data(args: argparse.Namespace) -> None:
         settings = data.ExistingResponses.settings_for(args.target, prompts, args.max_new_tokens)
         generator = data.ExistingResponses(target, tokenizer, args.out, settings, replies, batch_size=args.batch_size)
     print(answered_line(generator, prompts, args.out, replies is not None))
+
+
+def check_manifest_readable(out: str) -> None:
+    """Refuse, before any model loads, a folder to go on with whose ``manifest.json`` cannot be read back."""
+    from ..training.data import read_manifest
+
+    if (Path(out) / "manifest.json").is_file():
+        try:
+            read_manifest(out)
+        except ValueError as error:
+            raise SystemExit(f"dflash2-hf data: {error}") from None
 
 
 def benchmark_prompts_left_out(own_prompts: bool) -> list[str]:
