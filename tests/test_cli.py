@@ -473,9 +473,9 @@ def test_generate_streams_the_answer_and_matches_plain_decoding(target, trained)
     setting = fastest_exact_setting()
     assert printed.startswith(f"--- setting for {cpu_description()}: {setting.describe()} (--dtype float32 or "
                               "bfloat16 to choose yourself)\n")
-    # the tiny drafter sets no default tree; the fallback to plain steps is on by default
-    assert "--- dflash2 (greedy, one path of 3; " in printed
-    assert " copies from the context verified alone where drafting did not pay): 8 tokens" in printed
+    # `train` wrote the recommended plan into the tiny drafter's config; the fallback to plain steps is on by default
+    assert "--- dflash2 (greedy, tree of up to 8, sized by cost + lookup of 8; " in printed
+    assert " copies from the context verified alone where drafting did not pay; exactness rounding): 8 tokens" in printed
     assert "--- plain decoding: 8 tokens" in printed
     assert "--- identical to plain decoding: yes" in printed
     assert "--- exact too and faster on this CPU" not in printed, "the chosen setting is this CPU's fastest exact one"
@@ -537,7 +537,7 @@ def test_generate_reads_the_prompt_from_stdin_and_samples_without_a_baseline(tar
     printed = run(["generate", "--target", target, "--drafter", str(trained / "drafter"), "--max-new-tokens", "8",
                    "--temperature", "0.7", "--top-p", "0.9", "--path", "expected", "--dtype", "bfloat16",
                    "--no-baseline"])
-    assert "--- dflash2 (expected, one path of 3; " in printed and " did not pay): 8 tokens" in printed
+    assert "--- dflash2 (expected, tree of up to 8, sized by cost + lookup of 8; " in printed and " did not pay; exactness rounding): 8 tokens" in printed
     assert "plain decoding" not in printed
 
 
@@ -758,7 +758,7 @@ def test_generate_with_a_cost_sized_tree_matches_plain_decoding(target, trained,
     printed = run(["generate", "Write a Python function that reverses a string.", "--target", target,
                    "--drafter", str(trained / "drafter"), "--max-new-tokens", "8", "--tree-nodes", "6",
                    "--adaptive-block"])
-    assert "--- dflash2 (greedy, tree of up to 6, sized by cost; " in printed and " did not pay): 8 tokens" in printed
+    assert "--- dflash2 (greedy, tree of up to 6, sized by cost + lookup of 8; " in printed and " did not pay; exactness rounding): 8 tokens" in printed
     assert "--- identical to plain decoding: yes" in printed
 
 
@@ -766,7 +766,7 @@ def test_generate_with_a_tree_and_a_lookup_branch_matches_plain_decoding(target,
     printed = run(["generate", "Write a Python function that reverses a string.", "--target", target,
                    "--drafter", str(trained / "drafter"), "--max-new-tokens", "8", "--tree-nodes", "6",
                    "--lookup-tokens", "4"])
-    assert "--- dflash2 (greedy, tree of 6 + lookup of 4; " in printed and " did not pay): 8 tokens" in printed
+    assert "--- dflash2 (greedy, tree of 6 + lookup of 4; " in printed and " did not pay; exactness rounding): 8 tokens" in printed
     assert "--- identical to plain decoding: yes" in printed
 
 
