@@ -76,9 +76,11 @@ def test_generate_refuses_a_prompt_past_the_targets_context_before_decoding(targ
     assert "the prompt has" in message and "would pass the target's context of 64 tokens" in message
 
 
-def test_bench_refuses_a_prompt_past_the_targets_context_before_decoding(target, drafter, tmp_path, monkeypatch):
+@pytest.mark.parametrize("characters", [400, 275_000], ids=["just past", "a 275,000-character line"])
+def test_bench_refuses_a_prompt_past_the_targets_context_before_decoding(target, drafter, tmp_path, monkeypatch,
+                                                                        characters):
     prompts = tmp_path / "long.jsonl"
-    prompts.write_text('{"prompt": "short"}\n' + '{"prompt": "' + "word " * 80 + '"}\n')
+    prompts.write_text('{"prompt": "short"}\n' + '{"prompt": "' + "word " * (characters // 5) + '"}\n')
     monkeypatch.setattr(torch.nn.Module, "__call__", lambda *a, **k: pytest.fail("decoded"))
     message = refusal(["bench", "--target", target, "--drafter", drafter, "--prompts", str(prompts), "--per-source",
                        "2", "--dtype", "float32", "--out", str(tmp_path / "report"), "--max-new-tokens", "8"])
