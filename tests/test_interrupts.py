@@ -193,7 +193,7 @@ def test_a_stop_while_a_shard_is_written_leaves_only_the_shards_before_it(tmp_pa
     replace = os.replace
 
     def stop_before_the_second_shard(source, destination):
-        if Path(destination).name == f"shard-{interruptible.BATCH_SIZE:07d}.jsonl":
+        if Path(destination).name == f"shard-{interruptible.BATCH_SIZE:07d}.jsonl.gz":
             raise Stopped
         replace(source, destination)
 

@@ -81,7 +81,7 @@ def test_a_method_reporting_only_acceptance_lengths_is_summarised(tmp_path):
     assert peer["mean_acceptance_length"] == 5.0 and peer["speedup_median"] == 2.0
     assert peer["acceptance_histogram"] == {3: 2, 5: 2, 7: 2}
     assert not {"oracle_acceptance_length", "top1_recall_by_position", "select_share"} & set(peer)
-    assert "| peer | 0 | 32.0 | 2.00 [2.00, 2.00] | – | 5.00 | – | – | – |" in markdown_table(summarize(runs))
+    assert "| peer | 0 | 32.0 | 2.00 [2.00, 2.00] | – | – | – | 5.00 | – | – | – | – |" in markdown_table(summarize(runs))
     assert "| code | 0 | 5.00 |" in acceptance_table([{"benchmark": "code", **row} for row in summarize(runs)])
     write_report(runs, tmp_path, "test", {})
     assert (tmp_path / "drafts.png").is_file()
