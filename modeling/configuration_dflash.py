@@ -58,6 +58,10 @@ MAX_DRAFTER_LAYERS = 1024
 PATH_STRATEGIES = ("argmax", "greedy", "viterbi", "expected")
 #: Attention kinds a drafter layer has; ``attention`` is transformers' legacy name of ``full_attention``.
 LAYER_TYPES = ("full_attention", "sliding_attention", "attention")
+#: Attention implementations the drafter runs (``paged|`` for transformers' continuous batching).
+ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "paged|eager", "paged|sdpa")
+#: Most classification labels a config may name: a drafter has none, transformers builds a dict of this many.
+MAX_LABELS = 65536
 #: What a JSON document's top level is, by the Python type ``json`` reads it as.
 JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 #: Fields that reach ``__post_init__`` as keyword arguments, not attributes: the nested drafting fields and a config
@@ -71,10 +75,11 @@ class FieldRule:
 
     ``kind`` is the sort of value (``int`` never accepts a bool; ``number`` is a finite int or float); ``low`` and
     ``high`` bound a number or each entry of an ``int_list`` (excluded when ``strict_low`` / ``strict_high``);
-    ``names`` are the strings a ``name`` or ``name_list`` accepts; ``optional`` accepts null; ``note`` says why.
+    ``names`` are the strings a ``name`` or ``name_list`` accepts, or the keys a ``dict`` must have; ``labels`` is an
+    object from integer ids (JSON keys are strings) to names; ``optional`` accepts null; ``note`` says why.
     """
 
-    kind: Literal["int", "number", "bool", "name", "int_list", "name_list", "token_ids", "dict", "dtype"]
+    kind: Literal["int", "number", "bool", "name", "int_list", "name_list", "token_ids", "dict", "labels", "dtype"]
     low: float | None = None
     high: float | None = None
     strict_low: bool = False
@@ -102,7 +107,10 @@ class FieldRule:
         if self.kind == "token_ids":
             return _is_int(value) or (_is_list(value) and all(_is_int(v) for v in value))
         if self.kind == "dict":
-            return isinstance(value, dict)
+            return isinstance(value, dict) and all(name in value for name in self.names)
+        if self.kind == "labels":
+            return isinstance(value, dict) and all(_is_int_key(key) and isinstance(name, str)
+                                                   for key, name in value.items())
         named = isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype)
         return named or isinstance(value, torch.dtype)
 
@@ -117,7 +125,8 @@ class FieldRule:
             "int": f"an integer {bounds}", "number": f"a finite number {bounds}", "bool": "true or false",
             "name": f"one of {names}", "int_list": f"a non-empty list of integers {bounds}",
             "name_list": f"a list of names among {names}", "token_ids": "a token id or a list of token ids",
-            "dict": "an object", "dtype": "the name of a torch dtype (such as 'bfloat16')",
+            "dict": "an object" + (f" with {names}" if names else ""),
+            "labels": "an object from integer ids to label names", "dtype": "the name of a torch dtype (such as 'bfloat16')",
         }[self.kind].rstrip()
         return text + (" or null" if self.optional else "") + (f" ({self.note})" if self.note else "")
 
@@ -131,6 +140,11 @@ class FieldRule:
 def _is_int(value: Any) -> bool:
     """An integer that is not a bool (``True`` is an ``int`` to Python, never a count or an id in a config)."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_int_key(key: Any) -> bool:
+    """An integer, or a JSON object key that spells one (``"0"``, ``"-1"``)."""
+    return _is_int(key) or (isinstance(key, str) and key.lstrip("-").isdigit())
 
 
 def _is_number(value: Any) -> bool:
@@ -201,11 +215,23 @@ FIELD_RULES: dict[str, FieldRule] = {
     "draft_vocab_size": FieldRule("int", low=1, optional=True, note="tokens the drafter's own head drafts from"),
 }
 
+#: Fields of a config file that transformers' own ``PreTrainedConfig`` reads (checked in the file, where a wrong type
+#: would otherwise end in an exception from inside transformers that names neither field nor file).
+FILE_FIELD_RULES: dict[str, FieldRule] = {
+    **FIELD_RULES,
+    "id2label": FieldRule("labels", optional=True),
+    "label2id": FieldRule("dict", optional=True),
+    "num_labels": FieldRule("int", low=0, high=MAX_LABELS),
+    "attn_implementation": FieldRule("name", names=ATTENTION_IMPLEMENTATIONS, optional=True),
+    "_attn_implementation": FieldRule("name", names=ATTENTION_IMPLEMENTATIONS, optional=True),
+    "quantization_config": FieldRule("dict", names=("quant_method",), optional=True),
+}
 
-def field_problems(values: Mapping[str, Any]) -> list[str]:
-    """One message per field of ``values`` that its rule in :data:`FIELD_RULES` refuses, naming field and value."""
+
+def field_problems(values: Mapping[str, Any], rules: Mapping[str, FieldRule] = FIELD_RULES) -> list[str]:
+    """One message per field of ``values`` that its rule in ``rules`` refuses, naming field and value."""
     return [f"{name} must be {rule.describe()}, got {values[name]!r}"
-            for name, rule in FIELD_RULES.items() if name in values and not rule.accepts(values[name])]
+            for name, rule in rules.items() if name in values and not rule.accepts(values[name])]
 
 
 def raise_if_invalid(problems: list[str], source: str | os.PathLike = "") -> None:
@@ -379,7 +405,8 @@ class DFlashConfig(PreTrainedConfig):
                 f"The config.json at {pretrained_model_name_or_path} has no target_layer_ids (the target layers whose "
                 "hidden states the drafter reads). Use the config.json saved with the drafter's weights."
             )
-        raise_if_invalid(field_problems({**config_dict, **(nested or {})}), pretrained_model_name_or_path)
+        raise_if_invalid(field_problems({**config_dict, **(nested or {})}, FILE_FIELD_RULES),
+                         pretrained_model_name_or_path)
         return {**config_dict, "model_type": cls.model_type}, kwargs
 
     @property

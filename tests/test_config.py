@@ -154,6 +154,12 @@ MALFORMED = [
                                                {"rope_type": "default", "rope_theta": "x"},
                                                {"rope_type": "default", "rope_theta": -1.0}]),
     *(("dflash_config", value) for value in [5, "block_size", [1]]),
+    *(("id2label", value) for value in [[1], "64", 5, True, {"a": "LABEL_0"}, {"0": 1}]),
+    *(("label2id", value) for value in [[1], "64", 5]),
+    *(("num_labels", value) for value in ["2", 2.5, None, -1, 10**9, [1]]),
+    *((name, value) for name in ("attn_implementation", "_attn_implementation")
+      for value in ["", "64", 5, ["sdpa"], "flash_attention_2"]),
+    *(("quantization_config", value) for value in ["int8", [1], 5, {"bits": 8}]),
 ]
 
 

@@ -114,11 +114,32 @@ def test_a_damaged_newest_checkpoint_is_skipped_for_the_newest_intact_one(target
         assert torch.equal(a, b), name
 
 
-def test_a_run_whose_checkpoints_are_all_damaged_is_refused_not_restarted_over_them(target, records, tmp_path):
+def state_with(**fields) -> str:
+    """A checkpoint's state.json as the trainer writes it, with ``fields`` replaced (``None``: left out)."""
+    state = {"step": 2, "param_groups": [], "scheduler": {}, "extra": {}} | fields
+    return json.dumps({name: value for name, value in state.items() if value is not None})
+
+
+DAMAGED_STATES = {
+    "cut short": ("{cut", "is not JSON"),
+    "not UTF-8": (b"\xff\xfe{}", "is not JSON"),
+    "a list": ("[1, 2]", "holds a JSON list, not the object"),
+    "no step": (state_with(step=None), r"lacks or mistypes step \(expected int, found NoneType"),
+    "a string step": (state_with(step="2"), r"lacks or mistypes step \(expected int, found str"),
+    "a bool step": (state_with(step=True), r"lacks or mistypes step \(expected int, found bool"),
+    "a number of groups": (state_with(param_groups=5), r"lacks or mistypes param_groups \(expected list, found int"),
+    "a list for extra": (state_with(extra=[]), r"lacks or mistypes extra \(expected dict, found list"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGED_STATES)
+def test_a_run_whose_checkpoints_are_all_damaged_is_refused_not_restarted_over_them(target, records, tmp_path, damage):
+    content, reason = DAMAGED_STATES[damage]
     trainer(target, records, tmp_path, steps=2, checkpoint_every=1).train()
     for state in tmp_path.glob("step-*/state.json"):
-        state.write_text("{cut")
-    with pytest.raises(ValueError, match=r"No checkpoint in .* can be read: step-000002 \(.*\); step-000001"):
+        state.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(ValueError, match=rf"No checkpoint in .* can be read: step-000002 \(.*state\.json {reason}.*\); "
+                                         r"step-000001"):
         trainer(target, records, tmp_path, steps=4, checkpoint_every=1).train()
 
 

@@ -111,6 +111,27 @@ def latest_checkpoint(folder: str | os.PathLike) -> Path | None:
     return found[-1] if found else None
 
 
+#: What each entry of a checkpoint's ``state.json`` holds, as JSON reads it.
+STATE_FIELDS = {"step": int, "param_groups": list, "scheduler": dict, "extra": dict}
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """A checkpoint's ``state.json``, or a ``ValueError`` naming the file and what is wrong with it (not UTF-8 JSON,
+    not an object, a field missing or of the wrong type), so that a damaged checkpoint is skipped as such."""
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not JSON ({error})") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"{path} holds a JSON {type(state).__name__}, not the object a checkpoint saves")
+    wrong = [f"{name} (expected {kind.__name__}, found {type(state.get(name)).__name__})"
+             for name, kind in STATE_FIELDS.items()
+             if not isinstance(state.get(name), kind) or isinstance(state.get(name), bool)]
+    if wrong:
+        raise ValueError(f"{path} lacks or mistypes {', '.join(wrong)}")
+    return state
+
+
 def load_checkpoint(
     path: str | os.PathLike,
     model: torch.nn.Module,
@@ -119,7 +140,7 @@ def load_checkpoint(
 ) -> dict[str, Any]:
     """Restore model weights, optimizer, scheduler and RNG; returns the saved ``state.json`` content."""
     path = Path(path)
-    state = json.loads((path / "state.json").read_text())
+    state = read_state(path / "state.json")
     missing, unexpected = model.load_state_dict(load_file(path / "model.safetensors"), strict=False)
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     if unexpected or trainable & set(missing):

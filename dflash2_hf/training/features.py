@@ -54,7 +54,7 @@ class FeatureStore:
             features = load_file(path)["features"]
         except (OSError, SafetensorError, KeyError):
             return None
-        return features if features.shape[0] == input_ids.shape[0] else None
+        return features if features.ndim > 0 and features.shape[0] == input_ids.shape[0] else None
 
     def save(self, input_ids: torch.Tensor, features: torch.Tensor) -> None:
         """Keep ``features`` of ``input_ids`` (written whole, then renamed into place)."""
