@@ -822,6 +822,8 @@ def test_data_existing_responses_takes_the_chat_files_replies_without_generating
                                               tokenize=False)
     assert tokenizer.decode(records[0]["prompt_ids"]) == templated
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["responses"] == "existing"
+    assert [len(r["target_choices"]) for r in records] == [len(r["response_ids"]) for r in records], (
+        "each reply token comes with the target's own choice there (the labels of `train --labels target`)")
     assert describe_data(tmp_path / "out", 2).startswith("2 replies taken from the chat files as they are")
     assert run(argv).strip() == f"2 replies written in {tmp_path / 'out'}", "a rerun resumes: nothing is added"
 

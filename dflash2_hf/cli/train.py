@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from ..modeling import DFlashConfig, DFlashDraftModel
+from ..training.labels import LABEL_SOURCES
 from .checks import (
     check_data_vocabulary,
     check_minimums,
@@ -101,6 +102,11 @@ def add_loss_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--anchors", choices=("random", "decoding"), default="random",
                        help="where blocks start: random answer positions, or (with --selector-only, on the target's "
                             "greedy answers) where greedy decoding with the drafter's argmax path would start them")
+    group.add_argument("--labels", choices=LABEL_SOURCES, default="text",
+                       help="what blocks learn to draft: the data's own tokens (text), the target's teacher-forced "
+                            "choices on them (target), or those choices up to where the text leaves them "
+                            "(target-prefix); target labels need data made with `dflash2-hf data "
+                            "--existing-responses`, which records the target's choices")
     group.add_argument("--distill-weight", type=float, default=0.0,
                        help="share of the drafter's loss taken from the target's whole next-token distribution at "
                             "each drafted position (soft labels, 0-1) instead of its chosen token alone")
@@ -195,10 +201,10 @@ def training_settings(args: argparse.Namespace, records: list[dict]):
                                   checkpoint_every=args.checkpoint_every, seed=args.seed,
                                   heldout_fraction=args.heldout_fraction, train_drafter=not args.selector_only,
                                   selector_gold=args.selector_gold, distill_weight=args.distill_weight,
-                                  anchors=args.anchors, feature_cache_gb=args.feature_cache_gb,
+                                  anchors=args.anchors, labels=args.labels, feature_cache_gb=args.feature_cache_gb,
                                   feature_store=args.feature_store or str(Path(args.out) / "features"),
                                   bf16=fastest_dtype(args.dtype) == torch.bfloat16)
-        check_trainable(split_heldout(records, training.heldout_fraction)[0], training.max_length)
+        check_trainable(split_heldout(records, training.heldout_fraction)[0], training.max_length, training.labels)
     except ValueError as error:
         raise SystemExit(f"dflash2-hf train: {error}") from None
     return training

@@ -1,5 +1,6 @@
 """Training a drafter on a target's own answers: data (``data``, ``code_prompts``), a drafter set up from the target
-(``setup``), training blocks (``blocks``), the trainer (``trainer``) and resumable checkpoints (``checkpoint``).
+(``setup``), training blocks (``blocks``) and their labels (``labels``), the trainer (``trainer``) and resumable
+checkpoints (``checkpoint``).
 """
 
 

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ..modeling import DFlashDraftModel
+from .labels import block_labels, label_row
 
 IGNORE = -100  # a label with no target token (past the answer's end, or an unused block slot)
 
@@ -59,11 +60,11 @@ def anchor_range(record: dict, max_length: int) -> range:
 
 def sample_blocks(
     sequences: list[dict], block_size: int, blocks_per_sequence: int, max_length: int, generator: torch.Generator,
-    record_ids: list[int] | None = None,
+    record_ids: list[int] | None = None, labels: str = "text",
 ) -> BlockBatch:
-    """Pick up to ``blocks_per_sequence`` random anchors in each response and build the block labels (the target's
-    own next tokens); the batch holds as many block slots as its fullest sequence needs, so a number past an
-    answer's length (every anchor) adds no empty blocks."""
+    """Pick up to ``blocks_per_sequence`` random anchors in each response and build the block labels (from
+    ``labels``, one of :data:`~dflash2_hf.training.labels.LABEL_SOURCES`); the batch holds as many block slots as its
+    fullest sequence needs, so a number past an answer's length (every anchor) adds no empty blocks."""
     anchors = []
     for record in sequences:
         allowed = anchor_range(record, max_length)
@@ -73,30 +74,31 @@ def sample_blocks(
         candidates = torch.arange(allowed.start, allowed.stop)
         chosen = candidates[torch.randperm(len(candidates), generator=generator)[:blocks_per_sequence]]
         anchors.append(chosen.sort().values.tolist())
-    return blocks_at(sequences, anchors, block_size, max_length, record_ids)
+    return blocks_at(sequences, anchors, block_size, max_length, record_ids, labels=labels)
 
 
 def blocks_at(
     sequences: list[dict], anchors: list[list[int]], block_size: int, max_length: int, record_ids: list[int] | None = None,
-    slots: int | None = None,
+    slots: int | None = None, labels: str = "text",
 ) -> BlockBatch:
     """The blocks starting at the given anchors of each sequence (``slots`` blocks per row, unused ones marked -1), with
-    their labels (the target's own next tokens)."""
+    their labels (the record's next tokens, or the target's choices there: ``labels``)."""
     rows = [(r["prompt_ids"] + r["response_ids"])[:max_length] for r in sequences]
+    label_rows = [label_row(r, labels)[:max_length] for r in sequences]
     length = max(len(r) for r in rows)
     slots = slots or max(1, max(len(a) for a in anchors))
     input_ids = torch.zeros(len(rows), length, dtype=torch.long)
     attention_mask = torch.zeros(len(rows), length, dtype=torch.long)
     anchor_ids = torch.full((len(rows), slots), -1, dtype=torch.long)
-    labels = torch.full((len(rows), slots, block_size), IGNORE, dtype=torch.long)
+    block_label_ids = torch.full((len(rows), slots, block_size), IGNORE, dtype=torch.long)
     for row, (ids, chosen) in enumerate(zip(rows, anchors)):
         input_ids[row, : len(ids)] = torch.tensor(ids)
         attention_mask[row, : len(ids)] = 1
         for slot, anchor in enumerate(chosen):
             anchor_ids[row, slot] = anchor
-            span = ids[anchor : anchor + block_size]
-            labels[row, slot, : len(span)] = torch.tensor(span)
-    return BlockBatch(record_ids or list(range(len(rows))), input_ids, attention_mask, anchor_ids, labels)
+            span = block_labels(ids, label_rows[row], anchor, block_size, labels)
+            block_label_ids[row, slot, : len(span)] = torch.tensor(span)
+    return BlockBatch(record_ids or list(range(len(rows))), input_ids, attention_mask, anchor_ids, block_label_ids)
 
 
 def decoding_anchors(acceptance_lengths: list[int]) -> list[int]:

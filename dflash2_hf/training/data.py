@@ -33,6 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .code_prompts import function_stubs
+from .labels import teacher_forced_choices
 
 #: What :func:`iter_conversations` reads, for messages about a file of another shape.
 CHAT_FILE_SHAPES = ('ShareGPT JSON (an array of {"conversations": [{"from": "human", "value": "..."}, ...]}) or JSONL '
@@ -329,7 +330,9 @@ class ExistingResponses(ResponseGenerator):
 
     The reply is tokenized as the target's chat template lays out a two-turn conversation, cut after the
     end-of-turn token and to ``max_new_tokens``; a conversation whose templated form does not start with the templated
-    prompt is skipped.
+    prompt is skipped. Each record keeps the target's teacher-forced choice at every reply token (one forward, no
+    generation: :func:`~dflash2_hf.training.labels.teacher_forced_choices`), the labels ``train --labels target``
+    learns from.
     """
 
     def __init__(self, target, tokenizer, folder: str | os.PathLike, settings: GenerationSettings,
@@ -353,7 +356,8 @@ class ExistingResponses(ResponseGenerator):
             if full_ids[: len(prompt_ids)] != prompt_ids:
                 continue
             response_ids = _until_end(full_ids[len(prompt_ids) :], self.end_ids)[: self.settings.max_new_tokens]
-            records.append({"prompt": prompt, "prompt_ids": prompt_ids, "response_ids": response_ids})
+            records.append({"prompt": prompt, "prompt_ids": prompt_ids, "response_ids": response_ids,
+                            "target_choices": teacher_forced_choices(self.target, prompt_ids, response_ids)})
         return records
 
 

@@ -46,6 +46,7 @@ from .blocks import (
     selector_positions,
 )
 from .checkpoint import checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
+from .labels import LABEL_SOURCES, missing_choices
 from .features import FeatureStore, layout_key
 from .setup import fastest_dtype, is_peft_model
 
@@ -73,6 +74,7 @@ class TrainingConfig:
     selector_gold: str = "insert"  # "insert": gold joins the candidates when missing; "skip": such positions don't count
     train_drafter: bool = True
     anchors: str = "random"  # "decoding": the blocks greedy decoding with the frozen drafter's argmax path drafts
+    labels: str = "text"  # where block labels come from: one of LABEL_SOURCES (training/labels.py)
     checkpoint_every: int = 50
     heldout_fraction: float = 0.0
     seed: int = 0
@@ -97,6 +99,8 @@ class TrainingConfig:
             raise ValueError(f"distill_weight must be between 0 and 1, got {self.distill_weight}.")
         if self.anchors not in ("random", "decoding"):
             raise ValueError(f"anchors must be 'random' or 'decoding', got {self.anchors!r}.")
+        if self.labels not in LABEL_SOURCES:
+            raise ValueError(f"labels must be one of {', '.join(LABEL_SOURCES)}, got {self.labels!r}.")
         if self.anchors == "decoding" and self.train_drafter:
             raise ValueError("anchors='decoding' needs a frozen drafter (train_drafter=False): the anchors come from "
                              "the drafter's own decoding and are computed once per sequence.")
@@ -108,14 +112,20 @@ def split_heldout(records: list[dict], heldout_fraction: float) -> tuple[list[di
     return (records[:-held], records[-held:]) if held else (records, [])
 
 
-def check_trainable(records: list[dict], max_length: int) -> None:
+def check_trainable(records: list[dict], max_length: int, labels: str = "text") -> None:
     """Refuse training records none of which has an answer token within ``max_length`` to label (every response
     empty, or cut off), with ``ValueError``: a run on them would learn nothing yet report loss 0 and save an untrained
-    drafter. Cheap, so a command checks its data with it before any model loads."""
+    drafter; and, for labels from the target's choices, records that hold none. Cheap, so a command checks its data
+    with it before any model loads."""
     if not any(anchor_range(record, max_length) for record in records):
         raise ValueError(f"none of the {len(records)} training records has an answer token to learn from (every "
                          f"response is empty, or its prompt fills the {max_length} tokens a sequence is cut to); make "
                          "the data again with `dflash2-hf data`.")
+    missing = missing_choices(records) if labels != "text" else 0
+    if missing:
+        raise ValueError(f"labels {labels!r} read the target's choices, which {missing} of the {len(records)} training "
+                         "records lack; make the data with `dflash2-hf data --existing-responses` (which records them), "
+                         "or train with --labels text.")
 
 
 @dataclass
@@ -186,10 +196,10 @@ class DrafterTrainer:
                 chosen = visited[torch.randperm(len(visited), generator=generator)[: self.config.blocks_per_sequence]]
                 anchors.append(chosen.sort().values.tolist())
             batch = blocks_at(sequences, anchors, drafter.block_size, self.config.max_length, record_ids=rows,
-                              slots=self.config.blocks_per_sequence)
+                              slots=self.config.blocks_per_sequence, labels=self.config.labels)
         else:
             batch = sample_blocks(sequences, drafter.block_size, self.config.blocks_per_sequence,
-                                  self.config.max_length, generator, record_ids=rows)
+                                  self.config.max_length, generator, record_ids=rows, labels=self.config.labels)
         return batch.rows(self.accelerator.process_index, self.accelerator.num_processes)
 
     def decoding_anchors_of(self, record_id: int) -> list[int]:
@@ -463,7 +473,7 @@ class DrafterTrainer:
     def train(self) -> list[dict]:
         """Run (or finish) the configured number of steps; returns the per-step history. Training records without
         an answer token to learn from are refused first (:func:`check_trainable`)."""
-        check_trainable(self.records, self.config.max_length)
+        check_trainable(self.records, self.config.max_length, self.config.labels)
         self.resume()
         self.drafter.train()
         with tqdm(total=self.config.steps, initial=self.step, desc="training", unit="step",
