@@ -591,9 +591,10 @@ def test_bench_compares_verified_block_sizes(target, trained, tmp_path):
 
 
 def test_bench_without_a_drafter_runs_classic_assisted_generation(target, tmp_path):
-    report = bench_once("--target", target, "--no-drafter", "--assistant", target, "--dtype", "bfloat16",
+    report = bench_once("--target", target, "--no-drafter", "--assistant", target, "--dtype", "float32",
                         "--out", str(tmp_path))
-    assert {row["method"] for row in report["summary"]} == {"plain", "prompt lookup", "assisted (draft LM)"}
+    packed = {"plain packed", "prompt lookup packed"}  # float32 linears pack on every CPU: the drafter's own share
+    assert {row["method"] for row in report["summary"]} == {"plain", "prompt lookup", "assisted (draft LM)"} | packed
     assert report["settings"]["drafter"] is None
 
 
