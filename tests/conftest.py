@@ -189,7 +189,7 @@ def assert_plain_decodings_output(target, inputs, ours: torch.Tensor, plain: tor
     fails, saying where and by how much."""
     from dflash2_hf.measuring.greedy_difference import compare_greedy
 
-    prompt = (inputs["input_ids"] if isinstance(inputs, dict) else inputs).shape[1]
+    prompt = (inputs if isinstance(inputs, torch.Tensor) else inputs["input_ids"]).shape[1]  # a BatchEncoding too
     difference = compare_greedy(target, inputs, ours[0, prompt:].tolist(), plain[0, prompt:].tolist())
     assert difference.explained, difference.describe()
 

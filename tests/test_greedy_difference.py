@@ -3,6 +3,7 @@
 
 import pytest
 import torch
+from transformers import BatchEncoding
 
 from conftest import tiny_drafter, tiny_target
 from dflash2_hf.generation import exact_widths
@@ -31,6 +32,19 @@ FIRST_DIFFERENCES = {
 @pytest.mark.parametrize(("ours", "plain", "position"), FIRST_DIFFERENCES.values(), ids=FIRST_DIFFERENCES.keys())
 def test_the_first_difference_is_the_first_new_token_that_differs_or_is_missing(ours, plain, position):
     assert first_difference(ours, plain) == position
+
+
+INPUT_FORMS = {
+    "input_ids": lambda ids: ids,
+    "a dict": lambda ids: {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+    "a tokenizer's BatchEncoding": lambda ids: BatchEncoding({"input_ids": ids, "attention_mask": torch.ones_like(ids)}),
+}
+
+
+@pytest.mark.parametrize("form", INPUT_FORMS.values(), ids=INPUT_FORMS.keys())
+def test_plain_scores_are_read_from_every_input_form_generate_takes(form):
+    target = tiny_target(seed=1)
+    assert torch.equal(plain_scores_at(target, form(PROMPT), 2), plain_scores_at(target, PROMPT, 2))
 
 
 def plain_tokens(target) -> list[int]:

@@ -14,6 +14,7 @@ by up to that rounding. The outcome is ``identical``, ``near-tie`` or ``clear`` 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 import torch
@@ -89,7 +90,7 @@ def first_difference(ours: list[int], plain: list[int]) -> int | None:
     return None if len(ours) == len(plain) else min(len(ours), len(plain))
 
 
-def compare_greedy(target: torch.nn.Module, inputs: dict | torch.Tensor, ours: list[int], plain: list[int],
+def compare_greedy(target: torch.nn.Module, inputs: Mapping | torch.Tensor, ours: list[int], plain: list[int],
                    widest: int = DEFAULT_WIDEST) -> GreedyDifference:
     """How greedy output ``ours`` (new tokens) compares with plain decoding's ``plain`` (new tokens) for ``inputs``
     (``input_ids``, or the keyword arguments of ``generate``): see the module docstring. Decodes plainly once more
@@ -107,9 +108,9 @@ def compare_greedy(target: torch.nn.Module, inputs: dict | torch.Tensor, ours: l
     return GreedyDifference(outcome, position, gap, float(top2[0] - top2[1]), bound)
 
 
-def plain_scores_at(target: torch.nn.Module, inputs: dict | torch.Tensor, position: int) -> torch.Tensor:
+def plain_scores_at(target: torch.nn.Module, inputs: Mapping | torch.Tensor, position: int) -> torch.Tensor:
     """Plain greedy decoding's scores (the logits it chose from) at new token ``position``, as one float64 row."""
-    kwargs = dict(inputs) if isinstance(inputs, dict) else {"input_ids": inputs}
+    kwargs = {"input_ids": inputs} if isinstance(inputs, torch.Tensor) else dict(inputs)  # a BatchEncoding too
     with torch.no_grad():
         output = target.generate(**kwargs, max_new_tokens=position + 1, do_sample=False, output_scores=True,
                                  return_dict_in_generate=True)
