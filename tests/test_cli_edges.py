@@ -94,7 +94,9 @@ def test_ctrl_c_ends_a_command_with_one_line_and_status_130(target, tmp_path):
     chat.write_text("".join(f'{{"messages": [{{"role": "user", "content": "question {i}"}}]}}\n' for i in range(400)))
     command = [sys.executable, "-m", "dflash2_hf.cli", "data", "--target", target, "--chat-file", str(chat), "--out",
                str(tmp_path / "out"), "--limit", "400", "--batch-size", "1", "--max-new-tokens", "32"]
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parent)
+    # A shell's background job (`cmd &`, as CI may be started) inherits SIGINT ignored; a terminal's Ctrl-C is not.
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parent,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not list((tmp_path / "out").glob("shard-*")) and time.monotonic() < deadline:
         time.sleep(0.2)  # answering has begun once the first shard is written
